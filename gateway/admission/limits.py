@@ -1,0 +1,110 @@
+"""Server-side caps on prompt and output size: pure functions over plain values.
+
+A client that omits `max_tokens` lets the backend generate up to the context
+window, which is exactly the request that drags a batch's tail; so a default is
+injected, and an over-cap value is clamped (or refused) before scheduling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import LimitsSettings
+from gateway.errors import GatewayError, invalid_request
+
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+@dataclass(slots=True, frozen=True)
+class OutputBudget:
+    """The output size in force for one request, and how it was decided."""
+
+    #: What the client asked for; None when it did not say.
+    requested: int | None
+    #: The max_tokens sent to the backend (per choice, per prompt).
+    max_tokens: int
+    clamped: bool
+    n: int = 1
+    prompt_count: int = 1
+
+    @property
+    def total(self) -> int:
+        """Tokens the backend may generate for the whole request."""
+        return self.max_tokens * self.n * self.prompt_count
+
+
+def read_positive_int(body: dict[str, Any], key: str) -> int | None:
+    """An optional positive integer field; booleans and strings are refused."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise invalid_request(f"'{key}' must be a positive integer", key)
+    return value
+
+
+def requested_max_tokens(body: dict[str, Any], fields: tuple[str, ...] = MAX_TOKENS_FIELDS) -> int | None:
+    """The smallest output cap the client set, over the fields the API knows."""
+    values = [v for v in (read_positive_int(body, f) for f in fields) if v is not None]
+    return min(values) if values else None
+
+
+def read_n(body: dict[str, Any], limits: LimitsSettings, key: str = "n") -> int:
+    n = read_positive_int(body, key)
+    if n is None:
+        return 1
+    if n > limits.max_n:
+        raise invalid_request(f"'{key}' must be at most {limits.max_n}", key)
+    return n
+
+
+def check_prompt(prompt_tokens: int, limits: LimitsSettings) -> None:
+    if prompt_tokens > limits.max_prompt_tokens:
+        raise GatewayError(
+            413,
+            "prompt_too_long",
+            f"The prompt has {prompt_tokens} tokens; this gateway accepts at most "
+            f"{limits.max_prompt_tokens}. Shorten it or split the work.",
+            param="messages",
+        )
+
+
+def decide_output_budget(
+    requested: int | None,
+    prompt_tokens: int,
+    limits: LimitsSettings,
+    *,
+    n: int = 1,
+    prompt_count: int = 1,
+    param: str = "max_tokens",
+) -> OutputBudget:
+    """Default, clamp or refuse max_tokens, then check the context window."""
+    clamped = False
+    if requested is None:
+        max_tokens = limits.default_max_tokens
+    elif requested > limits.max_output_tokens:
+        if limits.on_max_tokens_over == "reject":
+            raise GatewayError(
+                400,
+                "max_tokens_too_large",
+                f"'{param}' is {requested}; this gateway allows at most {limits.max_output_tokens}.",
+                param=param,
+            )
+        max_tokens, clamped = limits.max_output_tokens, True
+    else:
+        max_tokens = requested
+    window = limits.context_window
+    if window:
+        room = window - prompt_tokens
+        if room < 1 or (requested is not None and not clamped and max_tokens > room):
+            raise GatewayError(
+                400,
+                "context_length_exceeded",
+                f"This model's context window is {window} tokens; the prompt has {prompt_tokens} "
+                f"and {param} asks for {max_tokens}.",
+                param=param,
+            )
+        if max_tokens > room:  # a default or clamped value: fit it to the window
+            max_tokens, clamped = room, requested is not None
+    return OutputBudget(requested, max_tokens, clamped, n=n, prompt_count=prompt_count)

@@ -1,0 +1,39 @@
+"""Render refusals in the OpenAI error envelope, as a response or as a final SSE event."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from gateway.errors import GatewayError
+
+
+def envelope(error: GatewayError) -> dict[str, dict[str, str | None]]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.error_type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def error_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> web.Response:
+    all_headers = dict(headers or {})
+    if error.retry_after_s is not None:
+        all_headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return web.Response(
+        status=error.status,
+        body=json.dumps(envelope(error)).encode(),
+        content_type="application/json",
+        headers=all_headers,
+    )
+
+
+def error_event(error: GatewayError) -> bytes:
+    """The last event of a stream that failed after it had started."""
+    return b"data: " + json.dumps(envelope(error)).encode() + b"\n\n"

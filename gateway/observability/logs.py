@@ -1,0 +1,41 @@
+"""structlog JSON lines: one per request (`event="request"`) plus a few lifecycle events.
+
+The per-request line goes to stdout so that any log shipper can pick it up and
+`python -m gateway analyze` can read it back. Prompt text is never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO, Any
+
+import structlog
+
+from gateway.observability.record import RequestRecord
+
+
+def _compact_json(obj: Any, **_: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+def make_logger(stream: IO[str] | None = None) -> Any:
+    """A structlog logger rendering one JSON object per line to `stream` (stdout)."""
+    return structlog.wrap_logger(
+        structlog.WriteLogger(stream or sys.stdout),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.JSONRenderer(serializer=_compact_json),
+        ],
+    )
+
+
+class RequestLog:
+    """Writes the one log line of a finished request."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.logger = make_logger(stream)
+
+    def request(self, record: RequestRecord) -> None:
+        self.logger.info("request", **record.log_fields())

@@ -1,0 +1,117 @@
+"""Prometheus metrics, fed once per request from its RequestRecord.
+
+Queue depth and in-flight gauges are read from the scheduler and the pool at
+scrape time (a custom collector), so the hot path updates no gauges at all.
+Each app gets its own registry so several gateways can live in one process
+(tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.observability.record import RequestRecord
+
+if TYPE_CHECKING:
+    from gateway.scheduling.scheduler import Scheduler
+    from gateway.upstream.pool import BackendPool
+
+#: LLM latencies span milliseconds (a queue hop) to minutes (a long generation).
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests", "Requests finished, by lane, outcome and status.",
+            ["lane", "outcome", "status"], registry=r,
+        )
+        self.queue_wait = Histogram(
+            "gateway_queue_wait_seconds", "Time spent in the lane's queue.",
+            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_ttft_seconds", "Arrival to first token (what the user feels).",
+            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.backend_ttft = Histogram(
+            "gateway_backend_ttft_seconds", "Dispatch to first token (the model's share).",
+            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.tpot = Histogram(
+            "gateway_tpot_seconds", "Mean time per output token after the first.",
+            ["lane"], buckets=TPOT_BUCKETS, registry=r,
+        )
+        self.e2e = Histogram(
+            "gateway_e2e_seconds", "Arrival to last byte.",
+            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "gateway_prompt_tokens", "Prompt tokens of admitted requests.", ["lane"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "gateway_completion_tokens", "Completion tokens the backends reported.", ["lane"],
+            registry=r,
+        )
+
+    def observe(self, record: RequestRecord) -> None:
+        lane = record.lane or "none"
+        self.requests.labels(lane, record.outcome or "unknown", str(record.status or 0)).inc()
+        if record.lane is None:
+            return
+        for histogram, value_ms in (
+            (self.queue_wait, record.queue_ms),
+            (self.ttft, record.ttft_ms),
+            (self.backend_ttft, record.backend_ttft_ms),
+            (self.tpot, record.tpot_ms),
+            (self.e2e, record.e2e_ms),
+        ):
+            if value_ms is not None:
+                histogram.labels(lane).observe(value_ms / 1000.0)
+        if record.dispatched is not None and record.prompt_tokens:
+            self.prompt_tokens.labels(lane).inc(record.prompt_tokens)
+        if record.completion_tokens:
+            self.completion_tokens.labels(lane).inc(record.completion_tokens)
+
+    def watch(self, scheduler: Scheduler, pool: BackendPool) -> None:
+        """Export queue depth and in-flight gauges read live from the scheduler and pool."""
+        self.registry.register(_LiveGauges(scheduler, pool))
+
+
+class _LiveGauges(Collector):
+    def __init__(self, scheduler: Scheduler, pool: BackendPool) -> None:
+        self.scheduler = scheduler
+        self.pool = pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting, by lane.", labels=["lane"])
+        in_flight = GaugeMetricFamily(
+            "gateway_lane_in_flight", "Slots held, by lane.", labels=["lane"]
+        )
+        limit = GaugeMetricFamily(
+            "gateway_lane_slot_limit", "Most slots a lane may hold.", labels=["lane"]
+        )
+        for lane in self.scheduler.lanes:
+            depth.add_metric([lane.name], len(lane.queue))
+            in_flight.add_metric([lane.name], lane.in_flight)
+            limit.add_metric([lane.name], lane.slot_limit)
+        backend_in_flight = GaugeMetricFamily(
+            "gateway_backend_in_flight", "Requests running, by backend.", labels=["backend"]
+        )
+        backend_slots = GaugeMetricFamily(
+            "gateway_backend_slots", "Slots (max_concurrency), by backend.", labels=["backend"]
+        )
+        for backend in self.pool.backends:
+            backend_in_flight.add_metric([backend.name], backend.in_flight)
+            backend_slots.add_metric([backend.name], backend.max_concurrency)
+        yield from (depth, in_flight, limit, backend_in_flight, backend_slots)

@@ -1,0 +1,91 @@
+"""One RequestRecord travels with each request and collects its timings and outcome.
+
+Stages only stamp times and facts on it; the log line and the metrics read it
+once, at the end, so every request yields exactly one of each and durations are
+computed one way. Times are the event loop's monotonic clock, in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return round((end - start) * 1000.0, 3)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    route: str
+    arrival: float
+    model: str | None = None
+    stream: bool = False
+    lane: str | None = None
+    backend: str | None = None
+    status: int | None = None
+    outcome: str | None = None
+    error_code: str | None = None
+    prompt_tokens: int | None = None
+    max_tokens_requested: int | None = None
+    max_tokens: int | None = None
+    completion_tokens: int | None = None
+    #: When the request joined its lane's queue (after admission).
+    enqueued: float | None = None
+    #: When it got a slot and was sent to the backend.
+    dispatched: float | None = None
+    first_byte: float | None = None
+    first_token: float | None = None
+    end: float | None = None
+
+    @property
+    def queue_ms(self) -> float | None:
+        if self.enqueued is None:
+            return None
+        return _ms(self.enqueued, self.dispatched if self.dispatched is not None else self.end)
+
+    @property
+    def backend_ttft_ms(self) -> float | None:
+        return _ms(self.dispatched, self.first_token)
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return _ms(self.arrival, self.first_token)
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first; None without two tokens."""
+        tokens = self.completion_tokens
+        if tokens is None or tokens < 2 or self.first_token is None or self.end is None:
+            return None
+        return round((self.end - self.first_token) * 1000.0 / (tokens - 1), 3)
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return _ms(self.arrival, self.end)
+
+    def log_fields(self) -> dict[str, Any]:
+        """The per-request log line's fields; absent values stay None (null)."""
+        return {
+            "request_id": self.request_id,
+            "route": self.route,
+            "model": self.model,
+            "stream": self.stream,
+            "lane": self.lane,
+            "backend": self.backend,
+            "status": self.status,
+            "outcome": self.outcome,
+            "error_code": self.error_code,
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens_requested": self.max_tokens_requested,
+            "max_tokens": self.max_tokens,
+            "completion_tokens": self.completion_tokens,
+            "queue_ms": self.queue_ms,
+            "backend_ttft_ms": self.backend_ttft_ms,
+            "ttft_ms": self.ttft_ms,
+            "tpot_ms": self.tpot_ms,
+            "e2e_ms": self.e2e_ms,
+        }

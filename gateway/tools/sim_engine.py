@@ -1,0 +1,282 @@
+"""The simulator's engine: continuous batching with chunked, first-come-first-served prefill.
+
+Real model servers (vLLM, TGI, llama.cpp) run one loop of *steps*. Each step
+prefills a bounded number of prompt tokens, taken from the running sequences in
+arrival order, and decodes one token for every sequence whose prompt is done.
+That order is what makes head-of-line blocking: a short prompt that arrives
+while a long one is prefilling gets prefill budget only once the long one is
+through. This module reproduces exactly that and nothing cleverer, so a gateway
+tested against it meets the effect it exists to soften.
+
+It knows nothing about HTTP: a caller `submit()`s a sequence, reads its tokens
+from `Sequence.next_event()`, and `abort()`s it when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: Words the fake model "generates"; one event per word, each followed by a space.
+VOCABULARY = (
+    "the", "model", "token", "stream", "latency", "queue", "batch", "prefill",
+    "decode", "request", "gateway", "server", "lane", "slot", "first", "tail",
+    "time", "fast", "slow", "short", "long", "prompt", "reply", "step",
+    "cache", "budget", "engine", "client", "wait", "fair", "order", "load",
+)  # fmt: skip
+
+SequenceState = Literal["waiting", "running", "completed", "aborted"]
+
+
+@dataclass(slots=True)
+class SimulatorConfig:
+    """The knobs of the simulated server; defaults resemble one busy GPU running a 7-8B model."""
+
+    #: Most sequences in the batch at once (prefilling or decoding); the rest wait FIFO.
+    max_batch: int = 8
+    #: Prompt tokens prefilled per step, taken FCFS across the running sequences.
+    prefill_tokens_per_step: int = 512
+    #: Fixed cost of one step (scheduling, kernel launches, sampling).
+    step_base_ms: float = 5.0
+    #: Extra step time per prompt token prefilled in the step.
+    prefill_ms_per_token: float = 0.5
+    #: Extra step time per sequence decoding a token in the step.
+    decode_ms_per_seq: float = 0.5
+    #: Output length when the request names no `max_tokens`.
+    default_max_tokens: int = 256
+    #: Context window: prompt + max_tokens above it is refused with a 400, as vLLM does.
+    max_model_len: int = 32768
+    #: Seeds the generated words (each request's text depends on seed and arrival order).
+    seed: int = 0
+    #: Model name served by `/v1/models` and echoed when a request names none.
+    model: str = "sim-model"
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "prefill_tokens_per_step", "default_max_tokens", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("step_base_ms", "prefill_ms_per_token", "decode_ms_per_seq"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if (
+            self.step_base_ms == 0
+            and self.prefill_ms_per_token == 0
+            and self.decode_ms_per_seq == 0
+        ):
+            # A zero-length step would never yield to the event loop for long enough to matter
+            # and makes every effect this simulator exists for vanish.
+            raise ValueError("at least one of the step time knobs must be > 0")
+        if not self.model:
+            raise ValueError("model must be a non-empty name")
+
+    def step_ms(self, prefilled_tokens: int, decoding_seqs: int) -> float:
+        """How long a step with this much work takes."""
+        return (
+            self.step_base_ms
+            + self.prefill_ms_per_token * prefilled_tokens
+            + self.decode_ms_per_seq * decoding_seqs
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token; the last one carries the finish reason."""
+
+    text: str
+    finish_reason: str | None = None
+
+
+class EngineStopped(Exception):
+    """The engine shut down while the sequence was still in flight."""
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request inside the engine; timestamps are the event loop's monotonic clock."""
+
+    seq_id: int
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    rng: random.Random
+    state: SequenceState = "waiting"
+    prefilled: int = 0
+    generated: int = 0
+    admitted: float | None = None
+    first_token: float | None = None
+    end: float | None = None
+    _events: asyncio.Queue[TokenEvent | None] = field(default_factory=asyncio.Queue)
+
+    @property
+    def prefill_target(self) -> int:
+        # An empty prompt still costs one position (the BOS token a real server adds).
+        return max(1, self.prompt_tokens)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("completed", "aborted")
+
+    async def next_event(self) -> TokenEvent:
+        """Wait for the next token; raises EngineStopped if the engine went away first."""
+        event = await self._events.get()
+        if event is None:
+            raise EngineStopped("the simulator engine stopped")
+        return event
+
+
+class Engine:
+    """Runs the step loop as one asyncio task that sleeps on an event while idle."""
+
+    def __init__(self, config: SimulatorConfig, clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self._clock = clock
+        self.running: list[Sequence] = []
+        self.waiting: deque[Sequence] = deque()
+        self.completed = 0
+        self.aborted = 0
+        self.submitted = 0
+        self.steps = 0
+        self.prefilled_tokens = 0
+        self.generated_tokens = 0
+        self.busy_s = 0.0
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        return asyncio.get_running_loop().time()
+
+    def start(self) -> None:
+        """Start the step loop on the running event loop."""
+        if self._task is None:
+            self._stopped = False
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
+
+    async def stop(self) -> None:
+        """Stop the loop and fail every sequence still in flight, so no reader hangs."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for seq in [*self.running, *self.waiting]:
+            self._finish(seq, "aborted")
+            seq._events.put_nowait(None)
+        self.running.clear()
+        self.waiting.clear()
+
+    def submit(self, prompt_tokens: int, max_tokens: int) -> Sequence:
+        """Queue a sequence FIFO behind everything already waiting."""
+        if self._stopped:
+            raise EngineStopped("the simulator engine is stopped")
+        seq_id = self.submitted
+        self.submitted += 1
+        seq = Sequence(
+            seq_id=seq_id,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max(1, max_tokens),
+            arrival=self.now(),
+            rng=random.Random(f"{self.config.seed}-{seq_id}"),
+        )
+        self.waiting.append(seq)
+        self._wakeup.set()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a sequence whose client went away, from the batch or the queue, at once."""
+        if seq.finished:
+            return
+        if seq.state == "running":
+            self.running.remove(seq)
+        else:
+            self.waiting.remove(seq)
+        self._finish(seq, "aborted")
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "completed": self.completed,
+            "aborted": self.aborted,
+            "submitted": self.submitted,
+            "steps": self.steps,
+            "prefilled_tokens": self.prefilled_tokens,
+            "generated_tokens": self.generated_tokens,
+            "busy_s": round(self.busy_s, 6),
+        }
+
+    async def _run(self) -> None:
+        while True:
+            if not self.running and not self.waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            await self.step()
+
+    async def step(self) -> None:
+        """Admit, plan one step's work, take the step's time, then hand out its tokens."""
+        self._admit()
+        budget = self.config.prefill_tokens_per_step
+        prefills: list[tuple[Sequence, int]] = []
+        decodes: list[Sequence] = []
+        for seq in self.running:  # admission order, so prefill budget goes first come first served
+            remaining = seq.prefill_target - seq.prefilled
+            if remaining > 0:
+                if budget > 0:
+                    take = min(remaining, budget)
+                    budget -= take
+                    prefills.append((seq, take))
+            else:
+                decodes.append(seq)
+        prefilled = sum(take for _, take in prefills)
+        step_s = self.config.step_ms(prefilled, len(decodes)) / 1000.0
+        await asyncio.sleep(step_s)
+        self.steps += 1
+        self.busy_s += step_s
+        self.prefilled_tokens += prefilled
+        # Sequences aborted during the step are no longer `running`: their work is discarded.
+        for seq, take in prefills:
+            if seq.state == "running":
+                seq.prefilled += take
+                if seq.prefilled >= seq.prefill_target:
+                    self._emit(seq)  # the step that finishes the prompt samples the first token
+        for seq in decodes:
+            if seq.state == "running":
+                self._emit(seq)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.config.max_batch:
+            seq = self.waiting.popleft()
+            seq.state = "running"
+            seq.admitted = self.now()
+            self.running.append(seq)
+
+    def _emit(self, seq: Sequence) -> None:
+        now = self.now()
+        seq.generated += 1
+        self.generated_tokens += 1
+        if seq.first_token is None:
+            seq.first_token = now
+        text = seq.rng.choice(VOCABULARY) + " "
+        if seq.generated >= seq.max_tokens:
+            self.running.remove(seq)
+            self._finish(seq, "completed")
+            seq._events.put_nowait(TokenEvent(text, "length"))
+        else:
+            seq._events.put_nowait(TokenEvent(text))
+
+    def _finish(self, seq: Sequence, state: SequenceState) -> None:
+        seq.state = state
+        seq.end = self.now()
+        if state == "completed":
+            self.completed += 1
+        else:
+            self.aborted += 1

@@ -1,0 +1,304 @@
+"""Send a request to a backend and relay its answer to the client as it arrives.
+
+The relay knows nothing about lanes. It owns the backend connection for one
+request: it opens it (retrying once on a fresh connection when a pooled
+keep-alive connection turns out to be closed), enforces the first-byte, idle
+and total timeouts, forwards the stream byte for byte, and closes the backend
+connection the moment the client goes away so the engine stops generating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from gateway.config import TimeoutSettings
+from gateway.errors import GatewayError
+from gateway.http.errors import error_event
+from gateway.observability.record import RequestRecord
+from gateway.upstream.pool import Backend
+from gateway.upstream.sse import OpenAIStreamWatcher
+
+#: Error bodies from a backend are passed through; bigger ones are cut here.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+STREAM_HEADERS = {
+    "Content-Type": "text/event-stream; charset=utf-8",
+    "Cache-Control": "no-cache",
+    # Tell an nginx in front of us not to buffer the stream.
+    "X-Accel-Buffering": "no",
+}
+
+
+class UpstreamClient:
+    """The HTTP client side: one keep-alive pool plus a fresh-connection fallback."""
+
+    def __init__(self, timeouts: TimeoutSettings) -> None:
+        self.timeouts = timeouts
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
+        self._pooled = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=timeouts.pool_idle_s),
+            timeout=client_timeout,
+            auto_decompress=False,
+        )
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True),
+            timeout=client_timeout,
+            auto_decompress=False,
+        )
+
+    async def close(self) -> None:
+        await self._pooled.close()
+        await self._fresh.close()
+
+    async def post(
+        self, backend: Backend, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POST and wait for the response headers; GatewayError 502 when unreachable."""
+        url = backend.url + path
+        try:
+            return await self._pooled.post(url, data=body, headers=headers)
+        except aiohttp.ClientConnectorError as exc:
+            raise _unreachable(backend, exc) from None
+        except aiohttp.ClientConnectionError:
+            # The pooled connection was closed by the backend before it answered
+            # (keep-alive race): the request never ran, so one retry is safe.
+            pass
+        try:
+            return await self._fresh.post(url, data=body, headers=headers)
+        except aiohttp.ClientConnectionError as exc:
+            raise _unreachable(backend, exc) from None
+
+    async def get(self, backend: Backend, path: str, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        try:
+            return await self._pooled.get(
+                backend.url + path,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeouts.first_token_s),
+            )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _unreachable(backend, exc) from None
+
+
+def _unreachable(backend: Backend, exc: BaseException) -> GatewayError:
+    return GatewayError(
+        502,
+        "backend_error",
+        f"Backend {backend.name} is unreachable ({type(exc).__name__}).",
+        outcome="backend_error",
+    )
+
+
+class Watchdog:
+    """Cancels the relaying task when the backend is silent for too long.
+
+    One timer per request, re-armed lazily: the relay only stores the time of
+    each chunk, and the timer, when it fires, checks whether the silence really
+    lasted. `expired` names the timeout that fired.
+    """
+
+    __slots__ = ("_loop", "_task", "_idle_s", "_total_at", "_handle", "last", "streaming", "expired")
+
+    def __init__(self, first_byte_s: float, idle_s: float, total_at: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._idle_s = idle_s
+        self._total_at = total_at
+        self.last = self._loop.time()
+        self.streaming = False
+        self.expired: str | None = None
+        self._handle = self._loop.call_at(min(self.last + first_byte_s, total_at), self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if now >= self._total_at:
+            self._expire("total")
+        elif not self.streaming:
+            self._expire("first_byte")
+        elif now - self.last >= self._idle_s:
+            self._expire("idle")
+        else:
+            self._handle = self._loop.call_at(min(self.last + self._idle_s, self._total_at), self._check)
+
+    def _expire(self, kind: str) -> None:
+        self.expired = kind
+        self._task.cancel()
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+    def timed_out(self) -> bool:
+        """After a CancelledError: True when it was this watchdog's doing (and only its)."""
+        return self.expired is not None and self._task.uncancel() == 0
+
+
+def timeout_error(kind: str, timeouts: TimeoutSettings) -> GatewayError:
+    if kind == "first_byte":
+        message = f"The backend sent no first byte within {timeouts.first_token_s:g} s."
+    elif kind == "idle":
+        message = f"The backend sent nothing for {timeouts.idle_s:g} s in the middle of the stream."
+    else:
+        message = f"The request took longer than {timeouts.total_s:g} s end to end."
+    return GatewayError(504, "backend_timeout", message, outcome="backend_timeout")
+
+
+@dataclass(slots=True)
+class RelayPlan:
+    """What to send and how to answer; built by the handler, read by the relay."""
+
+    backend: Backend
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    stream: bool
+    #: Remove the usage-only chunk the gateway asked for but the client did not.
+    strip_usage: bool
+    #: Headers the client gets (request id, lane, caps, queue time).
+    response_headers: dict[str, str]
+
+
+async def relay(
+    request: web.Request,
+    plan: RelayPlan,
+    record: RequestRecord,
+    upstream: UpstreamClient,
+) -> web.StreamResponse:
+    """Run the request on the backend and answer the client; fills `record`."""
+    timeouts = upstream.timeouts
+    loop = asyncio.get_running_loop()
+    first_byte_s = timeouts.first_token_s if plan.stream else timeouts.total_s
+    watchdog = Watchdog(first_byte_s, timeouts.idle_s, record.arrival + timeouts.total_s)
+    backend_response: aiohttp.ClientResponse | None = None
+    client_response: web.StreamResponse | None = None
+    try:
+        backend_response = await upstream.post(plan.backend, plan.path, plan.body, plan.headers)
+        content_type = backend_response.headers.get("Content-Type", "")
+        if backend_response.status >= 300 or not content_type.startswith("text/event-stream"):
+            return await _relay_body(backend_response, plan, record, watchdog)
+        client_response = web.StreamResponse(status=200, headers={**STREAM_HEADERS, **plan.response_headers})
+        return await _relay_stream(request, backend_response, client_response, plan, record, watchdog, loop)
+    except asyncio.CancelledError:
+        if not watchdog.timed_out():
+            record.outcome = "client_disconnected"
+            record.status = 499
+            raise
+        error = timeout_error(watchdog.expired or "total", timeouts)
+        if client_response is None or not client_response.prepared:
+            raise error from None
+        record.outcome = error.outcome
+        record.error_code = error.code
+        await _end_with_error(client_response, error)
+        return client_response
+    finally:
+        watchdog.stop()
+        if backend_response is not None:
+            # close() drops the connection unless the body was read to the end:
+            # an abandoned generation stops on the backend at once.
+            backend_response.close()
+
+
+async def _relay_body(
+    backend_response: aiohttp.ClientResponse,
+    plan: RelayPlan,
+    record: RequestRecord,
+    watchdog: Watchdog,
+) -> web.Response:
+    """A whole-body answer: a non-stream completion or a backend error, passed through."""
+    status = backend_response.status
+    if status >= 300:
+        body = await backend_response.content.read(MAX_ERROR_BODY_BYTES)
+    else:
+        body = await backend_response.read()
+    now = asyncio.get_running_loop().time()
+    record.first_byte = now
+    record.status = status
+    if status < 300:
+        record.outcome = "ok"
+        record.completion_tokens = _usage_completion_tokens(body)
+    else:
+        record.outcome = "backend_error" if status >= 500 else "backend_rejected"
+        record.error_code = f"backend_{status}"
+    headers = dict(plan.response_headers)
+    headers["Content-Type"] = backend_response.headers.get("Content-Type", "application/json")
+    return web.Response(status=status, body=body, headers=headers)
+
+
+def _usage_completion_tokens(body: bytes) -> int | None:
+    try:
+        usage = json.loads(body).get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    except (ValueError, AttributeError):
+        return None
+    return tokens if type(tokens) is int else None
+
+
+async def _relay_stream(
+    request: web.Request,
+    backend_response: aiohttp.ClientResponse,
+    client_response: web.StreamResponse,
+    plan: RelayPlan,
+    record: RequestRecord,
+    watchdog: Watchdog,
+    loop: asyncio.AbstractEventLoop,
+) -> web.StreamResponse:
+    watcher = OpenAIStreamWatcher(strip_usage=plan.strip_usage)
+    content = backend_response.content
+    try:
+        # The client's 200 waits for the backend's first byte, so a backend that
+        # fails or hangs before it still gets a real status (502/504), not an SSE error.
+        first = await content.readany()
+        record.first_byte = watchdog.last = loop.time()
+        watchdog.streaming = True
+        await client_response.prepare(request)
+        record.status = 200
+        chunk = first
+        while chunk:
+            out = watcher.feed(chunk)
+            if record.first_token is None and watcher.first_token_seen:
+                record.first_token = watchdog.last
+            if out:
+                await client_response.write(out)
+            chunk = await content.readany()
+            watchdog.last = loop.time()
+        tail = watcher.flush()
+        if tail:
+            await client_response.write(tail)
+    except aiohttp.ClientPayloadError as exc:
+        if not client_response.prepared:
+            raise _unreachable(plan.backend, exc) from None
+        return await _fail_stream(client_response, record, watcher, "broke off mid-stream")
+    record.completion_tokens = watcher.completion_tokens
+    if not watcher.done:
+        return await _fail_stream(client_response, record, watcher, "ended without [DONE]")
+    record.outcome = "ok"
+    await client_response.write_eof()
+    return client_response
+
+
+async def _fail_stream(
+    client_response: web.StreamResponse,
+    record: RequestRecord,
+    watcher: OpenAIStreamWatcher,
+    what: str,
+) -> web.StreamResponse:
+    record.completion_tokens = watcher.completion_tokens
+    error = GatewayError(502, "backend_error", f"The backend's stream {what}.", outcome="backend_error")
+    record.outcome = error.outcome
+    record.error_code = error.code
+    await _end_with_error(client_response, error)
+    return client_response
+
+
+async def _end_with_error(client_response: web.StreamResponse, error: GatewayError) -> None:
+    """A stream already answered 200: the failure goes in a final SSE error event."""
+    try:
+        await client_response.write(error_event(error))
+        await client_response.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass  # the client is gone too

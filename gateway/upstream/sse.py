@@ -1,0 +1,157 @@
+"""Watch an OpenAI-style SSE byte stream without re-encoding it.
+
+The relay forwards the backend's bytes unchanged. It only needs three facts
+from them: when the first content token passed (TTFT), the final usage
+(`completion_tokens`), and whether the stream ended with `[DONE]`. The gateway
+asks the backend for `stream_options.include_usage`; when the client did not
+ask for it, the usage-only event (`"choices": []`) is removed again so the
+client sees the stream it asked for.
+
+Hot path: once the first token has passed, a chunk that ends on an event
+boundary and holds no usage is forwarded as is, after two substring checks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+USAGE_MARKER = b'"usage"'
+DONE_PAYLOAD = b"[DONE]"
+EVENT_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+def _split_events(data: bytes) -> tuple[list[bytes], bytes]:
+    """Complete events (each with its blank-line terminator) and the unterminated rest."""
+    events = []
+    start = 0
+    length = len(data)
+    while start < length:
+        end = _event_end(data, start)
+        if end < 0:
+            break
+        events.append(data[start:end])
+        start = end
+    return events, data[start:]
+
+
+def _event_end(data: bytes, start: int) -> int:
+    best = -1
+    for ending in EVENT_ENDINGS:
+        found = data.find(ending, start)
+        if found >= 0 and (best < 0 or found + len(ending) < best):
+            best = found + len(ending)
+    return best
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The joined `data:` payload of one event, or None when it has none."""
+    payload = None
+    for line in event.splitlines():
+        if line.startswith(b"data:"):
+            value = line[5:]
+            if value.startswith(b" "):
+                value = value[1:]
+            payload = value if payload is None else payload + b"\n" + value
+    return payload
+
+
+def has_content(chunk: Any) -> bool:
+    """True when an OpenAI stream chunk carries generated output (not just a role)."""
+    if not isinstance(chunk, dict):
+        return False
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content")
+            or delta.get("tool_calls")
+            or delta.get("reasoning_content")
+            or delta.get("function_call")
+        ):
+            return True
+    return False
+
+
+class OpenAIStreamWatcher:
+    """Feeds on raw chunks, returns the bytes to forward, notes first token and usage."""
+
+    __slots__ = ("strip_usage", "first_token_seen", "completion_tokens", "done", "error", "_rest")
+
+    def __init__(self, *, strip_usage: bool) -> None:
+        self.strip_usage = strip_usage
+        self.first_token_seen = False
+        self.completion_tokens: int | None = None
+        self.done = False
+        #: An `{"error": ...}` event the backend sent mid-stream, if any.
+        self.error: dict[str, Any] | None = None
+        self._rest = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to send to the client now (may be empty while an event is incomplete)."""
+        if self._rest:
+            chunk = self._rest + chunk
+            self._rest = b""
+        if (
+            self.first_token_seen
+            and USAGE_MARKER not in chunk
+            and chunk.endswith(EVENT_ENDINGS)
+        ):
+            if not self.done and DONE_PAYLOAD in chunk:
+                self.done = self._has_done(chunk)
+            return chunk
+        events, self._rest = _split_events(chunk)
+        kept = []
+        for event in events:
+            if self._inspect(event):
+                kept.append(event)
+        if len(kept) == len(events):
+            return chunk[: len(chunk) - len(self._rest)] if self._rest else chunk
+        return b"".join(kept)
+
+    def flush(self) -> bytes:
+        """Whatever unterminated bytes remain when the backend closes the stream."""
+        rest, self._rest = self._rest, b""
+        if rest:
+            self._inspect(rest)
+        return rest
+
+    def _has_done(self, chunk: bytes) -> bool:
+        events, _ = _split_events(chunk)
+        return any(event_data(e) == DONE_PAYLOAD for e in events)
+
+    def _inspect(self, event: bytes) -> bool:
+        """Note what the event tells; False when it must not reach the client."""
+        payload = event_data(event)
+        if payload is None:
+            return True
+        if payload.strip() == DONE_PAYLOAD:
+            self.done = True
+            return True
+        has_usage = USAGE_MARKER in payload
+        if self.first_token_seen and not has_usage:
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True  # not ours to judge: forward it unchanged
+        if not isinstance(chunk, dict):
+            return True
+        if not self.first_token_seen and has_content(chunk):
+            self.first_token_seen = True
+        if isinstance(chunk.get("error"), dict):
+            self.error = chunk["error"]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            tokens = usage.get("completion_tokens")
+            if type(tokens) is int:
+                self.completion_tokens = tokens
+            if self.strip_usage and chunk.get("choices") == []:
+                return False
+        return True
