@@ -39,9 +39,14 @@ class UpstreamClient:
 
     def __init__(self, timeouts: TimeoutSettings) -> None:
         self.timeouts = timeouts
-        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
+        self._pooled: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        """Open the sessions (they need the running loop)."""
+        client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s)
         self._pooled = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=timeouts.pool_idle_s),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.timeouts.pool_idle_s),
             timeout=client_timeout,
             auto_decompress=False,
         )
@@ -51,9 +56,20 @@ class UpstreamClient:
             auto_decompress=False,
         )
 
+    @property
+    def pooled(self) -> aiohttp.ClientSession:
+        assert self._pooled is not None, "UpstreamClient.start() was not awaited"
+        return self._pooled
+
+    @property
+    def fresh(self) -> aiohttp.ClientSession:
+        assert self._fresh is not None, "UpstreamClient.start() was not awaited"
+        return self._fresh
+
     async def close(self) -> None:
-        await self._pooled.close()
-        await self._fresh.close()
+        for session in (self._pooled, self._fresh):
+            if session is not None:
+                await session.close()
 
     async def post(
         self, backend: Backend, path: str, body: bytes, headers: Mapping[str, str]
@@ -61,7 +77,7 @@ class UpstreamClient:
         """POST and wait for the response headers; GatewayError 502 when unreachable."""
         url = backend.url + path
         try:
-            return await self._pooled.post(url, data=body, headers=headers)
+            return await self.pooled.post(url, data=body, headers=headers)
         except aiohttp.ClientConnectorError as exc:
             raise _unreachable(backend, exc) from None
         except aiohttp.ClientConnectionError:
@@ -69,13 +85,13 @@ class UpstreamClient:
             # (keep-alive race): the request never ran, so one retry is safe.
             pass
         try:
-            return await self._fresh.post(url, data=body, headers=headers)
+            return await self.fresh.post(url, data=body, headers=headers)
         except aiohttp.ClientConnectionError as exc:
             raise _unreachable(backend, exc) from None
 
     async def get(self, backend: Backend, path: str, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
         try:
-            return await self._pooled.get(
+            return await self.pooled.get(
                 backend.url + path,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeouts.first_token_s),

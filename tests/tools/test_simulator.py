@@ -235,6 +235,9 @@ async def test_non_stream_usage_matches_the_gateway_tokenizer(
         ("completions", b'{"prompt": [1.5]}', "prompt"),
         ("completions", b'{"prompt": "x", "max_tokens": 40000}', "max_tokens"),
     ],
+    ids=["invalid-json", "not-an-object", "no-messages", "empty-messages", "bad-role",
+         "max-tokens-0", "stream-not-bool", "stream-options-without-stream", "no-prompt",
+         "bad-prompt", "context-length"],
 )  # fmt: skip
 async def test_bad_bodies_get_a_400_in_the_openai_envelope(
     start_sim: StartSim, session: aiohttp.ClientSession, route: str, raw: bytes, param: str | None

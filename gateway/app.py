@@ -1,0 +1,68 @@
+"""build_app(settings): wire the parts together and manage their lifecycle."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import IO
+
+import tiktoken
+from aiohttp import web
+
+from gateway.admission.tokens import TokenCounter, load_encoding
+from gateway.config import Settings
+from gateway.http import openai, ops
+from gateway.http.middleware import error_envelope
+from gateway.observability.logs import RequestLog
+from gateway.observability.metrics import GatewayMetrics
+from gateway.scheduling.scheduler import Scheduler
+from gateway.state import GATEWAY, GatewayState
+from gateway.upstream.pool import Backend, BackendPool
+from gateway.upstream.relay import UpstreamClient
+
+
+def build_app(
+    settings: Settings,
+    *,
+    log_stream: IO[str] | None = None,
+    encoding: tiktoken.Encoding | None = None,
+) -> web.Application:
+    """The gateway as an aiohttp app. Loads the tokenizer now: a missing one fails here."""
+    counter = TokenCounter(
+        encoding or load_encoding(settings.tokenizer.encoding),
+        offload_min_chars=settings.tokenizer.offload_min_chars,
+    )
+    pool = BackendPool([Backend.from_settings(b) for b in settings.backends])
+    slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}
+    scheduler = Scheduler(settings.lanes, slot_limits, pool)
+    metrics = GatewayMetrics()
+    metrics.watch(scheduler, pool)
+    state = GatewayState(
+        settings=settings,
+        counter=counter,
+        pool=pool,
+        scheduler=scheduler,
+        metrics=metrics,
+        request_log=RequestLog(log_stream),
+        upstream=UpstreamClient(settings.timeouts),
+    )
+    # client_max_size makes aiohttp stop reading a chunked body past the limit.
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes, middlewares=[error_envelope]
+    )
+    app[GATEWAY] = state
+    app.cleanup_ctx.append(_upstream_lifecycle)
+    app.router.add_post("/v1/chat/completions", openai.chat_completions)
+    app.router.add_post("/v1/completions", openai.completions)
+    app.router.add_get("/v1/models", openai.models)
+    app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/readyz", ops.readyz)
+    app.router.add_get("/metrics", ops.metrics)
+    return app
+
+
+async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    state = app[GATEWAY]
+    await state.upstream.start()
+    yield
+    await state.upstream.close()
+    state.counter.close()

@@ -1,0 +1,186 @@
+"""One command line: serve | simulate | check-config.
+
+`serve` with no backend configured starts the built-in simulator in a child
+process, so `make run` shows a working gateway on a fresh machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from gateway.admission.tokens import EncodingUnavailable, load_encoding
+from gateway.config import (
+    BackendSettings,
+    ConfigError,
+    Settings,
+    consistency_warnings,
+    load_settings,
+)
+from gateway.observability.logs import make_logger
+
+SIMULATOR_START_TIMEOUT_S = 20.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="llm-gateway", description="LLM tail-latency gateway (OpenAI-compatible)."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway")
+    _add_config_arguments(serve)
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (default 8080)")
+    serve.add_argument(
+        "--backend",
+        action="append",
+        metavar="URL",
+        help="backend base URL, e.g. http://127.0.0.1:8000 (repeatable; replaces [[backends]])",
+    )
+
+    from gateway.tools import simulator
+
+    simulate = commands.add_parser("simulate", help="run the continuous-batching backend simulator")
+    simulator.add_arguments(simulate)
+
+    check = commands.add_parser("check-config", help="print the effective config and warnings")
+    _add_config_arguments(check)
+    return parser
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("GATEWAY_CONFIG"),
+        help="TOML config file (default: $GATEWAY_CONFIG; built-in defaults when unset)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        from gateway.tools import simulator
+
+        return simulator.main(args)
+    try:
+        settings = load_settings(
+            args.config,
+            overrides={
+                "server.host": getattr(args, "host", None),
+                "server.port": getattr(args, "port", None),
+                "backends": getattr(args, "backend", None),
+            },
+        )
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        return check_config(settings)
+    return serve(settings)
+
+
+def check_config(settings: Settings) -> int:
+    try:
+        load_encoding(settings.tokenizer.encoding)
+    except EncodingUnavailable as exc:
+        print(f"config error: [tokenizer].encoding: {exc}", file=sys.stderr)
+        return 2
+    effective = settings.to_dict()
+    effective["lane_slot_limits"] = {
+        lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
+    }
+    print(json.dumps(effective, indent=2))
+    for warning in consistency_warnings(settings):
+        print(f"warning: {warning}", file=sys.stderr)
+    if not settings.backends:
+        print("note: no backend configured; `serve` will start the built-in simulator", file=sys.stderr)
+    return 0
+
+
+def serve(settings: Settings) -> int:
+    log = make_logger(sys.stderr)
+    simulator: subprocess.Popen[bytes] | None = None
+    try:
+        if not settings.backends:
+            simulator, url = start_simulator_process(settings.server.host)
+            settings = _with_backend(settings, url)
+            log.warning("no_backend_configured", simulator=url, hint="pass --backend URL to use a real model server")
+        from gateway.app import build_app
+
+        try:
+            app = build_app(settings)
+        except EncodingUnavailable as exc:
+            print(f"startup error: {exc}", file=sys.stderr)
+            return 2
+        for warning in consistency_warnings(settings):
+            log.warning("config_warning", detail=warning)
+        asyncio.run(_run(app, settings, log))
+        return 0
+    finally:
+        if simulator is not None:
+            simulator.terminate()
+            try:
+                simulator.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                simulator.kill()
+
+
+def _with_backend(settings: Settings, url: str) -> Settings:
+    settings.backends = [BackendSettings(url=url, name="simulator")]
+    return settings
+
+
+async def _run(app: web.Application, settings: Settings, log: Any) -> None:
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=2048)
+    await site.start()
+    log.info(
+        "gateway_started",
+        url=f"http://{settings.server.host}:{settings.server.port}",
+        backends=[b.url for b in settings.backends],
+        lanes=[lane.name for lane in settings.lanes],
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("gateway_stopping")
+    await runner.cleanup()
+
+
+def start_simulator_process(host: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `python -m gateway simulate` on a free port; return it and its URL."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "simulate", "--host", host, "--port", str(port)],
+        stdout=sys.stderr,
+    )
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + SIMULATOR_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the built-in simulator exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1):
+                return process, url
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise SystemExit("the built-in simulator did not start within 20 s")

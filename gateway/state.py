@@ -1,0 +1,35 @@
+"""The gateway's per-app state, shared by the handlers (one object, built by app.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.admission.tokens import TokenCounter
+from gateway.config import Settings
+from gateway.observability.logs import RequestLog
+from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.record import RequestRecord
+from gateway.scheduling.scheduler import Scheduler
+from gateway.upstream.pool import BackendPool
+from gateway.upstream.relay import UpstreamClient
+
+
+@dataclass(slots=True)
+class GatewayState:
+    settings: Settings
+    counter: TokenCounter
+    pool: BackendPool
+    scheduler: Scheduler
+    metrics: GatewayMetrics
+    request_log: RequestLog
+    upstream: UpstreamClient
+
+    def finish(self, record: RequestRecord) -> None:
+        """Every request ends here exactly once: its log line and its metrics."""
+        self.request_log.request(record)
+        self.metrics.observe(record)
+
+
+GATEWAY: web.AppKey[GatewayState] = web.AppKey("gateway", GatewayState)
