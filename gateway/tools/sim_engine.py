@@ -38,7 +38,7 @@ SequenceState = Literal["waiting", "running", "completed", "aborted"]
 
 @dataclass(slots=True)
 class SimulatorConfig:
-    """The knobs of the simulated server; defaults resemble one busy GPU running a 7-8B model."""
+    """The knobs of the simulated server; defaults make effects large (4000-token prefill ~2 s)."""
 
     #: Most sequences in the batch at once (prefilling or decoding); the rest wait FIFO.
     max_batch: int = 8

@@ -79,11 +79,11 @@ async def wait_for_stats(
     session: aiohttp.ClientSession,
     url: str,
     check: Callable[[dict[str, Any]], bool],
-    timeout: float = 1.0,
+    within_s: float = 1.0,
 ) -> dict[str, Any]:
     """Poll `/sim/stats` until `check` holds; return the last snapshot either way."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within_s
     while True:
         snapshot = await stats(session, url)
         if check(snapshot) or loop.time() > deadline:
@@ -150,7 +150,7 @@ async def test_stream_without_include_usage_has_no_usage_chunk(
 ):
     url = await start_sim()
     for options in (None, {"include_usage": False}):
-        extra = {"stream_options": options} if options is not None else {}
+        extra: dict[str, Any] = {"stream_options": options} if options is not None else {}
         body = chat_body(stream=True, max_tokens=3, **extra)
         async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
             events = parse_sse(await resp.text())
@@ -303,7 +303,7 @@ async def test_batch_cap_makes_the_third_request_wait(
             await resp.read()
 
     tasks = [asyncio.create_task(post(f"r{i}")) for i in range(3)]
-    snapshot = await wait_for_stats(session, url, lambda s: s["received"] == 3, timeout=2.0)
+    snapshot = await wait_for_stats(session, url, lambda s: s["received"] == 3, within_s=2.0)
     assert (snapshot["running"], snapshot["waiting"]) == (2, 1)
     await asyncio.gather(*tasks)
 

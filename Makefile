@@ -1,0 +1,37 @@
+# Two commands work on a fresh machine with Python 3.11 and make: `make run`, `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: run test lint simulate check-config clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+## run: the gateway on 127.0.0.1:8080 (in front of the built-in simulator unless a backend is configured)
+run: $(STAMP)
+	$(PY) -m gateway serve $(ARGS)
+
+## test: the whole suite
+test: $(STAMP)
+	$(PY) -m pytest -q $(ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check gateway tests scripts
+	$(PY) -m mypy gateway
+
+simulate: $(STAMP)
+	$(PY) -m gateway simulate $(ARGS)
+
+check-config: $(STAMP)
+	$(PY) -m gateway check-config $(ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,214 @@
+"""Scheduler order, promotion, per-lane slot limits and the fail-fast paths."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.config import LaneSettings
+from gateway.errors import GatewayError
+from gateway.scheduling.scheduler import Grant, Scheduler
+
+
+class CountingSlots:
+    """A SlotSource with a fixed number of interchangeable slots."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+
+    def try_take(self, lane: str) -> object | None:
+        if self.free == 0:
+            return None
+        self.free -= 1
+        return object()
+
+    def give_back(self, slot: object) -> None:
+        self.free += 1
+
+
+def make(
+    slots: int = 1,
+    *,
+    interactive: dict | None = None,
+    bulk: dict | None = None,
+    limits: dict[str, int] | None = None,
+) -> tuple[Scheduler, CountingSlots]:
+    lanes = [
+        LaneSettings(name="interactive", **{"queue_timeout_s": 5, **(interactive or {})}),
+        LaneSettings(name="bulk", **{"queue_timeout_s": 5, **(bulk or {})}),
+    ]
+    source = CountingSlots(slots)
+    limits = limits or {"interactive": slots, "bulk": slots}
+    return Scheduler(lanes, limits, source), source
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_free_slot_is_granted_at_once() -> None:
+    scheduler, source = make(2)
+    grant = await scheduler.acquire("bulk")
+    assert grant.lane == "bulk" and grant.queued_s == pytest.approx(0, abs=0.01)
+    assert source.free == 1
+    scheduler.release(grant)
+    assert source.free == 2
+
+
+async def test_higher_lane_goes_first_then_fifo_within_a_lane() -> None:
+    scheduler, _ = make(1)
+    held = await scheduler.acquire("interactive")
+    order: list[str] = []
+
+    async def request(lane: str, tag: str) -> None:
+        grant = await scheduler.acquire(lane)
+        order.append(tag)
+        await asyncio.sleep(0.01)
+        scheduler.release(grant)
+
+    tasks = [asyncio.create_task(request("bulk", "bulk-1"))]
+    await settle()
+    tasks.append(asyncio.create_task(request("bulk", "bulk-2")))
+    await settle()
+    tasks.append(asyncio.create_task(request("interactive", "short-1")))
+    await settle()
+    tasks.append(asyncio.create_task(request("interactive", "short-2")))
+    await settle()
+    scheduler.release(held)
+    await asyncio.gather(*tasks)
+    assert order == ["short-1", "short-2", "bulk-1", "bulk-2"]
+
+
+async def test_a_request_waiting_past_promote_after_goes_first() -> None:
+    scheduler, _ = make(1, bulk={"promote_after_s": 0.05})
+    held = await scheduler.acquire("interactive")
+    bulk = asyncio.create_task(scheduler.acquire("bulk"))
+    await asyncio.sleep(0.1)  # past promote_after_s
+    short = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    scheduler.release(held)
+    await settle()
+    assert bulk.done() and not short.done()
+    scheduler.release(bulk.result())
+    grant = await asyncio.wait_for(short, 1)
+    scheduler.release(grant)
+
+
+async def test_not_yet_promoted_request_still_yields_to_higher_lane() -> None:
+    scheduler, _ = make(1, bulk={"promote_after_s": 10})
+    held = await scheduler.acquire("interactive")
+    bulk = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    short = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    scheduler.release(held)
+    await settle()
+    assert short.done() and not bulk.done()
+    scheduler.release(short.result())
+    scheduler.release(await asyncio.wait_for(bulk, 1))
+
+
+async def test_lane_never_holds_more_than_its_slot_limit() -> None:
+    scheduler, source = make(4, limits={"interactive": 4, "bulk": 2})
+    bulk = [await scheduler.acquire("bulk") for _ in range(2)]
+    third = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    assert not third.done(), "bulk took a third slot over its limit of 2"
+    assert source.free == 2
+    # The slots bulk may not take stay free for the interactive lane.
+    shorts = [await asyncio.wait_for(scheduler.acquire("interactive"), 1) for _ in range(2)]
+    assert source.free == 0
+    scheduler.release(bulk[0])
+    grant = await asyncio.wait_for(third, 1)
+    assert scheduler.lane("bulk").in_flight == 2
+    for g in [grant, bulk[1], *shorts]:
+        scheduler.release(g)
+    assert source.free == 4
+
+
+async def test_full_queue_is_refused_at_once_with_retry_after() -> None:
+    scheduler, _ = make(1, bulk={"max_queue_depth": 2})
+    held = await scheduler.acquire("bulk")
+    waiting = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(2)]
+    await settle()
+    with pytest.raises(GatewayError) as refused:
+        await scheduler.acquire("bulk")
+    assert refused.value.status == 429 and refused.value.code == "queue_full"
+    assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
+    # The other lane's queue is its own.
+    other = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    assert not other.done()
+    for task in [*waiting, other]:
+        task.cancel()
+    await asyncio.gather(*waiting, other, return_exceptions=True)
+    scheduler.release(held)
+
+
+async def test_queue_timeout_answers_503_and_leaves_the_queue() -> None:
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 0.1})
+    held = await scheduler.acquire("interactive")
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(GatewayError) as timed_out:
+        await scheduler.acquire("interactive")
+    waited = asyncio.get_running_loop().time() - started
+    assert timed_out.value.status == 503 and timed_out.value.code == "queue_timeout"
+    assert timed_out.value.outcome == "queue_timeout"
+    assert timed_out.value.retry_after_s is not None
+    assert 0.09 <= waited < 2
+    assert len(scheduler.lane("interactive").queue) == 0
+    scheduler.release(held)
+
+
+async def test_cancelled_waiter_leaves_the_queue_at_once() -> None:
+    scheduler, source = make(1)
+    held = await scheduler.acquire("bulk")
+    waiter = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    assert len(scheduler.lane("bulk").queue) == 1
+    waiter.cancel()
+    await settle()
+    assert len(scheduler.lane("bulk").queue) == 0
+    scheduler.release(held)
+    assert source.free == 1 and scheduler.lane("bulk").in_flight == 0
+
+
+async def test_cancel_right_after_grant_gives_the_slot_back() -> None:
+    scheduler, source = make(1)
+    held = await scheduler.acquire("bulk")
+    waiter = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    scheduler.release(held)  # grants the waiter's future...
+    waiter.cancel()  # ...but its task is cancelled before it resumes
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert source.free == 1 and scheduler.lane("bulk").in_flight == 0
+
+
+async def test_predicted_wait_over_the_deadline_is_refused_at_once() -> None:
+    scheduler, _ = make(1, bulk={"queue_timeout_s": 0.5})
+    # Teach the scheduler that a bulk request holds its slot ~0.2 s.
+    grant = await scheduler.acquire("bulk")
+    await asyncio.sleep(0.2)
+    scheduler.release(grant)
+    held = await scheduler.acquire("bulk")
+    queued = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(2)]
+    await settle()
+    # Two ahead plus this one at ~0.2 s each on one slot: ~0.6 s > 0.5 s.
+    with pytest.raises(GatewayError) as refused:
+        await scheduler.acquire("bulk")
+    assert refused.value.status == 429 and refused.value.code == "wait_too_long"
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    scheduler.release(held)
+
+
+async def test_release_is_idempotent() -> None:
+    scheduler, source = make(1)
+    grant: Grant = await scheduler.acquire("interactive")
+    scheduler.release(grant)
+    scheduler.release(grant)
+    assert source.free == 1 and scheduler.lane("interactive").in_flight == 0
