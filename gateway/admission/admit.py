@@ -28,22 +28,36 @@ COMPLETION = "completion"
 
 
 @dataclass(slots=True)
-class Admission:
+class RequestShape:
+    """What the request asks for, measured: known before any policy is applied."""
+
+    kind: str
+    body: dict[str, Any]
     model: str | None
     stream: bool
     prompt_tokens: int
-    budget: OutputBudget
-    lane: LaneSettings
+    #: The smallest of the max-tokens fields the client set; None when it set none.
+    requested_max_tokens: int | None
+    #: The fields that carried it (they get the capped value).
+    max_tokens_fields: tuple[str, ...]
+    n: int
+    prompt_count: int
     #: The client asked for the usage chunk itself (so it must not be removed).
     client_wants_usage: bool
+
+
+@dataclass(slots=True)
+class Admission:
+    budget: OutputBudget
+    lane: LaneSettings
     #: The body to send to the backend, with caps and stream options applied.
     backend_body: dict[str, Any]
 
 
-async def admit_openai(
+async def measure_openai(
     body: dict[str, Any], kind: str, settings: Settings, counter: TokenCounter
-) -> Admission:
-    """Admit a `/v1/chat/completions` (kind=CHAT) or `/v1/completions` body."""
+) -> RequestShape:
+    """Validate a `/v1/chat/completions` (kind=CHAT) or `/v1/completions` body and count it."""
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid_request("'model' must be a string", "model")
@@ -55,7 +69,6 @@ async def admit_openai(
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise invalid_request("'stream_options' must be an object", "stream_options")
-    client_wants_usage = bool(stream_options and stream_options.get("include_usage") is True)
 
     if kind == CHAT:
         parts = chat_prompt_parts(body.get("messages"), body.get("tools"))
@@ -67,34 +80,44 @@ async def admit_openai(
         fields = ("max_tokens",)
     n = read_n(body, settings.limits)
     requested = requested_max_tokens(body, fields)
-    prompt_tokens = await counter.count_async(parts)
-    check_prompt(prompt_tokens, settings.limits)
-    budget = decide_output_budget(
-        requested, prompt_tokens, settings.limits, n=n, prompt_count=parts.prompt_count
+    return RequestShape(
+        kind=kind,
+        body=body,
+        model=model,
+        stream=stream,
+        prompt_tokens=await counter.count_async(parts),
+        requested_max_tokens=requested,
+        max_tokens_fields=tuple(f for f in fields if body.get(f) is not None),
+        n=n,
+        prompt_count=parts.prompt_count,
+        client_wants_usage=bool(stream_options and stream_options.get("include_usage") is True),
     )
-    lane = choose_lane(settings.lanes, prompt_tokens, budget.total)
+
+
+def admit(shape: RequestShape, settings: Settings) -> Admission:
+    """Apply the caps, choose the lane and shape the backend body; GatewayError if refused."""
+    check_prompt(shape.prompt_tokens, settings.limits)
+    budget = decide_output_budget(
+        shape.requested_max_tokens,
+        shape.prompt_tokens,
+        settings.limits,
+        n=shape.n,
+        prompt_count=shape.prompt_count,
+    )
+    lane = choose_lane(settings.lanes, shape.prompt_tokens, budget.total)
     if lane is None:
         raise GatewayError(
             413,
             "prompt_too_long",
-            f"No lane admits a request of {prompt_tokens} prompt tokens and "
+            f"No lane admits a request of {shape.prompt_tokens} prompt tokens and "
             f"{budget.total} output tokens.",
-            param="messages" if kind == CHAT else "prompt",
+            param="messages" if shape.kind == CHAT else "prompt",
         )
-
-    backend_body = dict(body)
-    present = [f for f in fields if f in body and body[f] is not None]
-    for field_name in present or ["max_tokens"]:
+    backend_body = dict(shape.body)
+    for field_name in shape.max_tokens_fields or ("max_tokens",):
         backend_body[field_name] = budget.max_tokens
-    if stream:
+    if shape.stream:
         # Ask for usage so the log line has real completion_tokens.
-        backend_body["stream_options"] = {**(stream_options or {}), "include_usage": True}
-    return Admission(
-        model=model,
-        stream=stream,
-        prompt_tokens=prompt_tokens,
-        budget=budget,
-        lane=lane,
-        client_wants_usage=client_wants_usage,
-        backend_body=backend_body,
-    )
+        options = shape.body.get("stream_options") or {}
+        backend_body["stream_options"] = {**options, "include_usage": True}
+    return Admission(budget=budget, lane=lane, backend_body=backend_body)

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.admission.admit import CHAT, COMPLETION, Admission, admit_openai
+from gateway.admission.admit import CHAT, COMPLETION, Admission, admit, measure_openai
 from gateway.errors import GatewayError, invalid_request
 from gateway.http.errors import error_response
 from gateway.observability.record import RequestRecord
@@ -53,7 +53,6 @@ def body_too_large(max_bytes: int) -> GatewayError:
 def admission_headers(admission: Admission) -> dict[str, str]:
     headers = {
         "x-gateway-lane": admission.lane.name,
-        "x-gateway-prompt-tokens": str(admission.prompt_tokens),
         "x-gateway-max-tokens": str(admission.budget.max_tokens),
     }
     if admission.budget.clamped:
@@ -74,12 +73,14 @@ async def proxy_openai(request: web.Request, state: GatewayState, kind: str, pat
     grant = None
     try:
         body = await read_json_object(request, state.settings.server.max_body_bytes)
-        admission = await admit_openai(body, kind, state.settings, state.counter)
-        record.model = admission.model
-        record.stream = admission.stream
+        shape = await measure_openai(body, kind, state.settings, state.counter)
+        record.model = shape.model
+        record.stream = shape.stream
+        record.prompt_tokens = shape.prompt_tokens
+        record.max_tokens_requested = shape.requested_max_tokens
+        headers["x-gateway-prompt-tokens"] = str(shape.prompt_tokens)
+        admission = admit(shape, state.settings)
         record.lane = admission.lane.name
-        record.prompt_tokens = admission.prompt_tokens
-        record.max_tokens_requested = admission.budget.requested
         record.max_tokens = admission.budget.max_tokens
         headers.update(admission_headers(admission))
 
@@ -94,11 +95,11 @@ async def proxy_openai(request: web.Request, state: GatewayState, kind: str, pat
             body=json.dumps(admission.backend_body).encode(),
             headers={
                 "Content-Type": "application/json",
-                "Accept": "text/event-stream" if admission.stream else "application/json",
+                "Accept": "text/event-stream" if shape.stream else "application/json",
                 "X-Request-Id": record.request_id,
             },
-            stream=admission.stream,
-            strip_usage=not admission.client_wants_usage,
+            stream=shape.stream,
+            strip_usage=not shape.client_wants_usage,
             response_headers=headers,
         )
         return await relay(request, plan, record, state.upstream)
