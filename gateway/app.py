@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import IO
+from typing import TextIO
 
 import tiktoken
 from aiohttp import web
@@ -23,7 +23,7 @@ from gateway.upstream.relay import UpstreamClient
 def build_app(
     settings: Settings,
     *,
-    log_stream: IO[str] | None = None,
+    log_stream: TextIO | None = None,
     encoding: tiktoken.Encoding | None = None,
 ) -> web.Application:
     """The gateway as an aiohttp app. Loads the tokenizer now: a missing one fails here."""

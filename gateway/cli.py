@@ -106,7 +106,10 @@ def check_config(settings: Settings) -> int:
     for warning in consistency_warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
     if not settings.backends:
-        print("note: no backend configured; `serve` will start the built-in simulator", file=sys.stderr)
+        print(
+            "note: no backend configured; `serve` will start the built-in simulator",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -117,7 +120,11 @@ def serve(settings: Settings) -> int:
         if not settings.backends:
             simulator, url = start_simulator_process(settings.server.host)
             settings = _with_backend(settings, url)
-            log.warning("no_backend_configured", simulator=url, hint="pass --backend URL to use a real model server")
+            log.warning(
+                "no_backend_configured",
+                simulator=url,
+                hint="pass --backend URL to use a real model server",
+            )
         from gateway.app import build_app
 
         try:

@@ -326,7 +326,9 @@ def _apply_overrides(settings: Settings, overrides: Mapping[str, Any]) -> None:
         hints = typing.get_type_hints(cls)
         if key not in hints:
             raise ConfigError(f"override {dotted}: unknown key")
-        setattr(getattr(settings, section), key, _coerce(value, hints[key], dotted, from_text=False))
+        setattr(
+            getattr(settings, section), key, _coerce(value, hints[key], dotted, from_text=False)
+        )
 
 
 def _backends_from_urls(urls: list[str]) -> list[BackendSettings]:
@@ -390,7 +392,9 @@ def validate(settings: Settings) -> None:
             if value is not None:
                 _positive(f"{where}.{key}", value)
         if not 0 < lane.max_slot_share <= 1:
-            raise ConfigError(f"{where}.max_slot_share: must be in (0, 1], got {lane.max_slot_share}")
+            raise ConfigError(
+                f"{where}.max_slot_share: must be in (0, 1], got {lane.max_slot_share}"
+            )
         _positive(f"{where}.queue_timeout_s", lane.queue_timeout_s)
         if lane.max_queue_depth < 0:
             raise ConfigError(f"{where}.max_queue_depth: must be >= 0")
@@ -424,7 +428,10 @@ def consistency_warnings(settings: Settings) -> list[str]:
                 f"{where}.promote_after_s ({lane.promote_after_s}) >= queue_timeout_s "
                 f"({lane.queue_timeout_s}): requests time out before they are promoted"
             )
-        if lane.max_prompt_tokens is not None and lane.max_prompt_tokens > s.limits.max_prompt_tokens:
+        if (
+            lane.max_prompt_tokens is not None
+            and lane.max_prompt_tokens > s.limits.max_prompt_tokens
+        ):
             warnings.append(
                 f"{where}.max_prompt_tokens ({lane.max_prompt_tokens}) > [limits].max_prompt_tokens "
                 f"({s.limits.max_prompt_tokens}): the cap refuses those prompts first"

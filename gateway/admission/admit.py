@@ -72,7 +72,7 @@ async def measure_openai(
 
     if kind == CHAT:
         parts = chat_prompt_parts(body.get("messages"), body.get("tools"))
-        fields = MAX_TOKENS_FIELDS
+        fields: tuple[str, ...] = MAX_TOKENS_FIELDS
     else:
         if "prompt" not in body:
             raise invalid_request("'prompt' is required", "prompt")

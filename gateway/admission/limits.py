@@ -44,7 +44,9 @@ def read_positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def requested_max_tokens(body: dict[str, Any], fields: tuple[str, ...] = MAX_TOKENS_FIELDS) -> int | None:
+def requested_max_tokens(
+    body: dict[str, Any], fields: tuple[str, ...] = MAX_TOKENS_FIELDS
+) -> int | None:
     """The smallest output cap the client set, over the fields the API knows."""
     values = [v for v in (read_positive_int(body, f) for f in fields) if v is not None]
     return min(values) if values else None

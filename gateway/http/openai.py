@@ -16,7 +16,6 @@ from gateway.observability.record import RequestRecord
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.relay import RelayPlan, relay
 
-
 MAX_REQUEST_ID_LENGTH = 128
 
 
@@ -66,7 +65,9 @@ def queue_headers(queue_ms: float | None) -> dict[str, str]:
     return {"x-gateway-queue-ms": f"{queue_ms:.1f}", "Server-Timing": f"queue;dur={queue_ms:.1f}"}
 
 
-async def proxy_openai(request: web.Request, state: GatewayState, kind: str, path: str) -> web.StreamResponse:
+async def proxy_openai(
+    request: web.Request, state: GatewayState, kind: str, path: str
+) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     record = RequestRecord(request_id_of(request), request.path, loop.time())
     headers = {"x-request-id": record.request_id}
@@ -138,7 +139,9 @@ async def models(request: web.Request) -> web.Response:
     if backend is None:
         return error_response(GatewayError(503, "no_backend", "No backend is configured."))
     try:
-        response = await state.upstream.get(backend, "/v1/models", {"X-Request-Id": request_id_of(request)})
+        response = await state.upstream.get(
+            backend, "/v1/models", {"X-Request-Id": request_id_of(request)}
+        )
     except GatewayError as error:
         return error_response(error)
     async with response:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import IO, Any
+from typing import Any, TextIO
 
 import structlog
 
@@ -19,7 +19,7 @@ def _compact_json(obj: Any, **_: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def make_logger(stream: IO[str] | None = None) -> Any:
+def make_logger(stream: TextIO | None = None) -> Any:
     """A structlog logger rendering one JSON object per line to `stream` (stdout)."""
     return structlog.wrap_logger(
         structlog.WriteLogger(stream or sys.stdout),
@@ -34,7 +34,7 @@ def make_logger(stream: IO[str] | None = None) -> Any:
 class RequestLog:
     """Writes the one log line of a finished request."""
 
-    def __init__(self, stream: IO[str] | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.logger = make_logger(stream)
 
     def request(self, record: RequestRecord) -> None:

@@ -23,7 +23,22 @@ if TYPE_CHECKING:
 
 #: LLM latencies span milliseconds (a queue hop) to minutes (a long generation).
 LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
 )
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
@@ -33,34 +48,53 @@ class GatewayMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "gateway_requests", "Requests finished, by lane, outcome and status.",
-            ["lane", "outcome", "status"], registry=r,
+            "gateway_requests",
+            "Requests finished, by lane, outcome and status.",
+            ["lane", "outcome", "status"],
+            registry=r,
         )
         self.queue_wait = Histogram(
-            "gateway_queue_wait_seconds", "Time spent in the lane's queue.",
-            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+            "gateway_queue_wait_seconds",
+            "Time spent in the lane's queue.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.ttft = Histogram(
-            "gateway_ttft_seconds", "Arrival to first token (what the user feels).",
-            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+            "gateway_ttft_seconds",
+            "Arrival to first token (what the user feels).",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.backend_ttft = Histogram(
-            "gateway_backend_ttft_seconds", "Dispatch to first token (the model's share).",
-            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+            "gateway_backend_ttft_seconds",
+            "Dispatch to first token (the model's share).",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
-            "gateway_tpot_seconds", "Mean time per output token after the first.",
-            ["lane"], buckets=TPOT_BUCKETS, registry=r,
+            "gateway_tpot_seconds",
+            "Mean time per output token after the first.",
+            ["lane"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
         )
         self.e2e = Histogram(
-            "gateway_e2e_seconds", "Arrival to last byte.",
-            ["lane"], buckets=LATENCY_BUCKETS, registry=r,
+            "gateway_e2e_seconds",
+            "Arrival to last byte.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "gateway_prompt_tokens", "Prompt tokens of admitted requests.", ["lane"], registry=r
         )
         self.completion_tokens = Counter(
-            "gateway_completion_tokens", "Completion tokens the backends reported.", ["lane"],
+            "gateway_completion_tokens",
+            "Completion tokens the backends reported.",
+            ["lane"],
             registry=r,
         )
 
@@ -94,7 +128,9 @@ class _LiveGauges(Collector):
         self.pool = pool
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        depth = GaugeMetricFamily("gateway_queue_depth", "Requests waiting, by lane.", labels=["lane"])
+        depth = GaugeMetricFamily(
+            "gateway_queue_depth", "Requests waiting, by lane.", labels=["lane"]
+        )
         in_flight = GaugeMetricFamily(
             "gateway_lane_in_flight", "Slots held, by lane.", labels=["lane"]
         )

@@ -89,7 +89,9 @@ class UpstreamClient:
         except aiohttp.ClientConnectionError as exc:
             raise _unreachable(backend, exc) from None
 
-    async def get(self, backend: Backend, path: str, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+    async def get(
+        self, backend: Backend, path: str, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
         try:
             return await self.pooled.get(
                 backend.url + path,
@@ -117,7 +119,16 @@ class Watchdog:
     lasted. `expired` names the timeout that fired.
     """
 
-    __slots__ = ("_loop", "_task", "_idle_s", "_total_at", "_handle", "last", "streaming", "expired")
+    __slots__ = (
+        "_loop",
+        "_task",
+        "_idle_s",
+        "_total_at",
+        "_handle",
+        "last",
+        "streaming",
+        "expired",
+    )
 
     def __init__(self, first_byte_s: float, idle_s: float, total_at: float) -> None:
         self._loop = asyncio.get_running_loop()
@@ -140,7 +151,9 @@ class Watchdog:
         elif now - self.last >= self._idle_s:
             self._expire("idle")
         else:
-            self._handle = self._loop.call_at(min(self.last + self._idle_s, self._total_at), self._check)
+            self._handle = self._loop.call_at(
+                min(self.last + self._idle_s, self._total_at), self._check
+            )
 
     def _expire(self, kind: str) -> None:
         self.expired = kind
@@ -197,8 +210,12 @@ async def relay(
         content_type = backend_response.headers.get("Content-Type", "")
         if backend_response.status >= 300 or not content_type.startswith("text/event-stream"):
             return await _relay_body(backend_response, plan, record, watchdog)
-        client_response = web.StreamResponse(status=200, headers={**STREAM_HEADERS, **plan.response_headers})
-        return await _relay_stream(request, backend_response, client_response, plan, record, watchdog, loop)
+        client_response = web.StreamResponse(
+            status=200, headers={**STREAM_HEADERS, **plan.response_headers}
+        )
+        return await _relay_stream(
+            request, backend_response, client_response, plan, record, watchdog, loop
+        )
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             record.outcome = "client_disconnected"
@@ -304,7 +321,9 @@ async def _fail_stream(
     what: str,
 ) -> web.StreamResponse:
     record.completion_tokens = watcher.completion_tokens
-    error = GatewayError(502, "backend_error", f"The backend's stream {what}.", outcome="backend_error")
+    error = GatewayError(
+        502, "backend_error", f"The backend's stream {what}.", outcome="backend_error"
+    )
     record.outcome = error.outcome
     record.error_code = error.code
     await _end_with_error(client_response, error)

@@ -98,11 +98,7 @@ class OpenAIStreamWatcher:
         if self._rest:
             chunk = self._rest + chunk
             self._rest = b""
-        if (
-            self.first_token_seen
-            and USAGE_MARKER not in chunk
-            and chunk.endswith(EVENT_ENDINGS)
-        ):
+        if self.first_token_seen and USAGE_MARKER not in chunk and chunk.endswith(EVENT_ENDINGS):
             if not self.done and DONE_PAYLOAD in chunk:
                 self.done = self._has_done(chunk)
             return chunk

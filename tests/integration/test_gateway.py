@@ -31,7 +31,9 @@ def strip_ids(events: list[Any]) -> list[Any]:
     return out
 
 
-async def read_stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[aiohttp.ClientResponse, bytes]:
+async def read_stream(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> tuple[aiohttp.ClientResponse, bytes]:
     async with http.post(url + "/v1/chat/completions", json=body) as resp:
         raw = await resp.read()
     return resp, raw
@@ -103,7 +105,9 @@ async def test_stream_bytes_are_forwarded_unchanged(
     # Same bytes apart from the per-generation id and timestamp.
     normalise = [json.dumps(e) if isinstance(e, dict) else e for e in strip_ids(sse_events(direct))]
     assert len(proxied) == len(direct)
-    assert [json.dumps(e) if isinstance(e, dict) else e for e in strip_ids(sse_events(proxied))] == normalise
+    assert [
+        json.dumps(e) if isinstance(e, dict) else e for e in strip_ids(sse_events(proxied))
+    ] == normalise
 
 
 async def test_openai_sdk_streams_through_the_gateway(
@@ -127,7 +131,9 @@ async def test_openai_sdk_streams_through_the_gateway(
                 usage = chunk.usage
         assert len(text.split()) == 10
         assert usage is not None and usage.completion_tokens == 10
-        completion = await client.completions.create(model="sim-model", prompt="Once upon", max_tokens=5)
+        completion = await client.completions.create(
+            model="sim-model", prompt="Once upon", max_tokens=5
+        )
         assert completion.usage is not None and completion.usage.completion_tokens == 5
         models = await client.models.list()
         assert [m.id for m in models.data] == ["sim-model"]
@@ -165,14 +171,20 @@ async def test_missing_max_tokens_is_defaulted_and_too_big_is_clamped(
 ) -> None:
     sim = await start_simulator_at()
     gateway = await start_gateway(
-        [sim], configure=lambda s: (setattr(s.limits, "default_max_tokens", 9), setattr(s.limits, "max_output_tokens", 20))
+        [sim],
+        configure=lambda s: (
+            setattr(s.limits, "default_max_tokens", 9),
+            setattr(s.limits, "max_output_tokens", 20),
+        ),
     )
     async with http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT)) as resp:
         assert resp.status == 200
         assert resp.headers["x-gateway-max-tokens"] == "9"
         assert "x-gateway-max-tokens-clamped-from" not in resp.headers
         assert (await resp.json())["usage"]["completion_tokens"] == 9
-    async with http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=500)) as resp:
+    async with http.post(
+        gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=500)
+    ) as resp:
         assert resp.status == 200
         assert resp.headers["x-gateway-max-tokens"] == "20"
         assert resp.headers["x-gateway-max-tokens-clamped-from"] == "500"
@@ -187,8 +199,12 @@ async def test_prompt_over_the_cap_gets_413_before_any_backend_work(
     start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_simulator_at()
-    gateway = await start_gateway([sim], configure=lambda s: setattr(s.limits, "max_prompt_tokens", 100))
-    async with http.post(gateway.url + "/v1/chat/completions", json=chat("word " * 300, stream=True)) as resp:
+    gateway = await start_gateway(
+        [sim], configure=lambda s: setattr(s.limits, "max_prompt_tokens", 100)
+    )
+    async with http.post(
+        gateway.url + "/v1/chat/completions", json=chat("word " * 300, stream=True)
+    ) as resp:
         body = await resp.json()
     assert resp.status == 413
     assert body["error"]["code"] == "prompt_too_long"
@@ -201,10 +217,19 @@ async def test_malformed_bodies_get_400_in_the_envelope(
     start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     gateway = await start_gateway([await start_simulator_at()])
-    for raw in (b"{not json", b"[1, 2]", b'{"messages": "hi"}', b'{"messages": [], "max_tokens": 5}',
-                json.dumps(chat(max_tokens="10")).encode(), json.dumps(chat(stream="yes")).encode()):
-        async with http.post(gateway.url + "/v1/chat/completions", data=raw,
-                             headers={"Content-Type": "application/json"}) as resp:
+    for raw in (
+        b"{not json",
+        b"[1, 2]",
+        b'{"messages": "hi"}',
+        b'{"messages": [], "max_tokens": 5}',
+        json.dumps(chat(max_tokens="10")).encode(),
+        json.dumps(chat(stream="yes")).encode(),
+    ):
+        async with http.post(
+            gateway.url + "/v1/chat/completions",
+            data=raw,
+            headers={"Content-Type": "application/json"},
+        ) as resp:
             body = await resp.json()
         assert resp.status == 400, raw
         assert body["error"]["code"] == "invalid_request"
@@ -256,7 +281,9 @@ async def test_queue_timeout_gets_503_with_retry_after(
     await eventually(lambda: _async(lane_gauge(gateway, "only")[0] == 1))
     loop = asyncio.get_running_loop()
     started = loop.time()
-    async with http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=5)) as resp:
+    async with http.post(
+        gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=5)
+    ) as resp:
         body = await resp.json()
     waited = loop.time() - started
     assert resp.status == 503
@@ -269,7 +296,9 @@ async def test_queue_timeout_gets_503_with_retry_after(
     assert line["outcome"] == "queue_timeout" and line["queue_ms"] >= 350
 
 
-async def test_backend_down_gives_502(start_gateway: StartGateway, http: aiohttp.ClientSession) -> None:
+async def test_backend_down_gives_502(
+    start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
     import socket
 
     with socket.socket() as probe:  # a port nobody listens on
@@ -277,7 +306,9 @@ async def test_backend_down_gives_502(start_gateway: StartGateway, http: aiohttp
         port = probe.getsockname()[1]
     gateway = await start_gateway([f"http://127.0.0.1:{port}"])
     for stream in (False, True):
-        async with http.post(gateway.url + "/v1/chat/completions", json=chat(stream=stream)) as resp:
+        async with http.post(
+            gateway.url + "/v1/chat/completions", json=chat(stream=stream)
+        ) as resp:
             body = await resp.json()
         assert resp.status == 502
         assert body["error"]["code"] == "backend_error"
@@ -330,7 +361,9 @@ async def test_disconnect_mid_stream_aborts_the_backend_and_frees_the_slot(
 ) -> None:
     sim = await start_simulator_at()
     gateway = await start_gateway([sim])
-    resp = await http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=1000, stream=True))
+    resp = await http.post(
+        gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=1000, stream=True)
+    )
     assert resp.status == 200
     await resp.content.readuntil(b"\n\n")
     resp.close()  # the client goes away mid-stream
@@ -355,7 +388,9 @@ async def test_disconnect_before_the_first_byte_aborts_the_backend_at_once(
     gateway = await start_gateway([sim])
     prompt = "hello " * 6000  # ~3 s of prefill: no byte for a long while
     task = asyncio.create_task(
-        http.post(gateway.url + "/v1/chat/completions", json=chat(prompt, max_tokens=10, stream=True))
+        http.post(
+            gateway.url + "/v1/chat/completions", json=chat(prompt, max_tokens=10, stream=True)
+        )
     )
 
     async def running() -> bool:
@@ -387,10 +422,14 @@ async def test_disconnect_while_queued_leaves_the_queue_at_once(
         http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=200))
     )
     await eventually(lambda: _async(lane_gauge(gateway, "only")[0] == 1))
-    waiting = asyncio.create_task(http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT)))
+    waiting = asyncio.create_task(
+        http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT))
+    )
     await eventually(lambda: _async(lane_gauge(gateway, "only") == (1, 1)))
     waiting.cancel()
-    took = await eventually(lambda: _async(lane_gauge(gateway, "only") == (1, 0)), within_s=2, step_s=0.005)
+    took = await eventually(
+        lambda: _async(lane_gauge(gateway, "only") == (1, 0)), within_s=2, step_s=0.005
+    )
     assert took < 0.5
     (await running).release()
     await eventually(lambda: _async(len(gateway.request_lines()) == 2))
@@ -407,7 +446,8 @@ async def test_each_request_leaves_exactly_one_complete_log_line(
     start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     gateway = await start_gateway(
-        [await start_simulator_at()], configure=lambda s: setattr(s.limits, "max_prompt_tokens", 500)
+        [await start_simulator_at()],
+        configure=lambda s: setattr(s.limits, "max_prompt_tokens", 500),
     )
     sent = {
         "stream-ok": chat(SHORT_PROMPT, max_tokens=6, stream=True),
@@ -415,14 +455,31 @@ async def test_each_request_leaves_exactly_one_complete_log_line(
         "too-long": chat("word " * 800),
     }
     for request_id, body in sent.items():
-        async with http.post(gateway.url + "/v1/chat/completions", json=body,
-                             headers={"x-request-id": request_id}) as resp:
+        async with http.post(
+            gateway.url + "/v1/chat/completions", json=body, headers={"x-request-id": request_id}
+        ) as resp:
             await resp.read()
     lines = {line["request_id"]: line for line in gateway.request_lines()}
     assert len(gateway.request_lines()) == 3 and set(lines) == set(sent)
-    fields = {"request_id", "route", "model", "stream", "lane", "backend", "status", "outcome",
-              "prompt_tokens", "max_tokens_requested", "max_tokens", "completion_tokens",
-              "queue_ms", "backend_ttft_ms", "ttft_ms", "tpot_ms", "e2e_ms"}
+    fields = {
+        "request_id",
+        "route",
+        "model",
+        "stream",
+        "lane",
+        "backend",
+        "status",
+        "outcome",
+        "prompt_tokens",
+        "max_tokens_requested",
+        "max_tokens",
+        "completion_tokens",
+        "queue_ms",
+        "backend_ttft_ms",
+        "ttft_ms",
+        "tpot_ms",
+        "e2e_ms",
+    }
     for line in lines.values():
         assert fields <= set(line), fields - set(line)
         assert line["event"] == "request"
@@ -447,7 +504,9 @@ async def test_metrics_report_lanes_and_requests(
     start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     gateway = await start_gateway([await start_simulator_at()])
-    async with http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=4, stream=True)) as resp:
+    async with http.post(
+        gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=4, stream=True)
+    ) as resp:
         await resp.read()
     async with http.get(gateway.url + "/metrics") as resp:
         text = await resp.text()

@@ -52,10 +52,17 @@ class StaleKeepAliveBackend:
                 if served_here == 1:
                     writer.close()  # closed without an answer
                     return
-                body = json.dumps({"object": "chat.completion", "usage": {"completion_tokens": 1},
-                                   "choices": [{"message": {"content": "ok"}}]}).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                body = json.dumps(
+                    {
+                        "object": "chat.completion",
+                        "usage": {"completion_tokens": 1},
+                        "choices": [{"message": {"content": "ok"}}],
+                    }
+                ).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
                 await writer.drain()
                 served_here += 1
                 self.answered += 1
@@ -141,7 +148,9 @@ async def fault_backend() -> AsyncIterator[tuple[str, dict[str, int]]]:
 
     async def overloaded(request: web.Request) -> web.Response:
         await request.read()
-        return web.json_response({"error": {"message": "busy", "type": "x", "code": 42}}, status=503)
+        return web.json_response(
+            {"error": {"message": "busy", "type": "x", "code": 42}}, status=503
+        )
 
     app = web.Application()
     app.router.add_post("/hang/v1/chat/completions", hang)
@@ -163,7 +172,9 @@ def short_timeouts(settings) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("fault", ["hang", "stall"])
 async def test_no_first_byte_in_time_gives_504_and_closes_the_backend_request(
-    fault: str, fault_backend: tuple[str, dict[str, int]], start_gateway: StartGateway,
+    fault: str,
+    fault_backend: tuple[str, dict[str, int]],
+    start_gateway: StartGateway,
     http: aiohttp.ClientSession,
 ) -> None:
     base, seen = fault_backend
@@ -181,7 +192,9 @@ async def test_no_first_byte_in_time_gives_504_and_closes_the_backend_request(
 
 
 async def test_stream_broken_mid_way_ends_with_an_sse_error_event(
-    fault_backend: tuple[str, dict[str, int]], start_gateway: StartGateway, http: aiohttp.ClientSession
+    fault_backend: tuple[str, dict[str, int]],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
 ) -> None:
     base, _ = fault_backend
     gateway = await start_gateway([f"{base}/break"])
@@ -196,7 +209,9 @@ async def test_stream_broken_mid_way_ends_with_an_sse_error_event(
 
 
 async def test_stream_silent_past_idle_timeout_ends_with_an_sse_error_event(
-    fault_backend: tuple[str, dict[str, int]], start_gateway: StartGateway, http: aiohttp.ClientSession
+    fault_backend: tuple[str, dict[str, int]],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
 ) -> None:
     base, _ = fault_backend
     gateway = await start_gateway([f"{base}/idle"], configure=short_timeouts)
@@ -208,7 +223,9 @@ async def test_stream_silent_past_idle_timeout_ends_with_an_sse_error_event(
 
 
 async def test_usage_event_split_across_tiny_chunks_is_still_found_and_removed(
-    fault_backend: tuple[str, dict[str, int]], start_gateway: StartGateway, http: aiohttp.ClientSession
+    fault_backend: tuple[str, dict[str, int]],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
 ) -> None:
     base, _ = fault_backend
     gateway = await start_gateway([f"{base}/split"])
@@ -221,7 +238,9 @@ async def test_usage_event_split_across_tiny_chunks_is_still_found_and_removed(
 
 
 async def test_backend_error_status_is_passed_through(
-    fault_backend: tuple[str, dict[str, int]], start_gateway: StartGateway, http: aiohttp.ClientSession
+    fault_backend: tuple[str, dict[str, int]],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
 ) -> None:
     base, _ = fault_backend
     gateway = await start_gateway([f"{base}/busy"])
