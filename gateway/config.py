@@ -144,7 +144,8 @@ class Settings:
 
     def lane_slot_limit(self, lane: LaneSettings) -> int:
         """Slots a lane may hold: its absolute and its share limit, at least one."""
-        by_share = math.floor(self.total_slots * lane.max_slot_share)
+        # round first: 90 * 0.7 is 62.999... in binary floating point
+        by_share = math.floor(round(self.total_slots * lane.max_slot_share, 9))
         limit = by_share if lane.max_slots is None else min(lane.max_slots, by_share)
         return max(1, limit)
 

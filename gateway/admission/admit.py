@@ -36,6 +36,8 @@ class RequestShape:
     model: str | None
     stream: bool
     prompt_tokens: int
+    #: Tokens of the longest prompt (a completions batch holds several).
+    longest_prompt_tokens: int
     #: The smallest of the max-tokens fields the client set; None when it set none.
     requested_max_tokens: int | None
     #: The fields that carried it (they get the capped value).
@@ -80,12 +82,14 @@ async def measure_openai(
         fields = ("max_tokens",)
     n = read_n(body, settings.limits)
     requested = requested_max_tokens(body, fields)
+    size = await counter.measure_async(parts)
     return RequestShape(
         kind=kind,
         body=body,
         model=model,
         stream=stream,
-        prompt_tokens=await counter.count_async(parts),
+        prompt_tokens=size.total,
+        longest_prompt_tokens=size.longest,
         requested_max_tokens=requested,
         max_tokens_fields=tuple(f for f in fields if body.get(f) is not None),
         n=n,
@@ -96,13 +100,16 @@ async def measure_openai(
 
 def admit(shape: RequestShape, settings: Settings) -> Admission:
     """Apply the caps, choose the lane and shape the backend body; GatewayError if refused."""
-    check_prompt(shape.prompt_tokens, settings.limits)
+    prompt_param = "messages" if shape.kind == CHAT else "prompt"
+    check_prompt(shape.prompt_tokens, settings.limits, prompt_param)
     budget = decide_output_budget(
         shape.requested_max_tokens,
         shape.prompt_tokens,
         settings.limits,
         n=shape.n,
         prompt_count=shape.prompt_count,
+        param=(shape.max_tokens_fields or ("max_tokens",))[0],
+        longest_prompt_tokens=shape.longest_prompt_tokens,
     )
     lane = choose_lane(settings.lanes, shape.prompt_tokens, budget.total)
     if lane is None:
@@ -111,7 +118,7 @@ def admit(shape: RequestShape, settings: Settings) -> Admission:
             "prompt_too_long",
             f"No lane admits a request of {shape.prompt_tokens} prompt tokens and "
             f"{budget.total} output tokens.",
-            param="messages" if shape.kind == CHAT else "prompt",
+            param=prompt_param,
         )
     backend_body = dict(shape.body)
     for field_name in shape.max_tokens_fields or ("max_tokens",):

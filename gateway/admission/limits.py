@@ -61,14 +61,14 @@ def read_n(body: dict[str, Any], limits: LimitsSettings, key: str = "n") -> int:
     return n
 
 
-def check_prompt(prompt_tokens: int, limits: LimitsSettings) -> None:
+def check_prompt(prompt_tokens: int, limits: LimitsSettings, param: str = "messages") -> None:
     if prompt_tokens > limits.max_prompt_tokens:
         raise GatewayError(
             413,
             "prompt_too_long",
             f"The prompt has {prompt_tokens} tokens; this gateway accepts at most "
             f"{limits.max_prompt_tokens}. Shorten it or split the work.",
-            param="messages",
+            param=param,
         )
 
 
@@ -80,8 +80,13 @@ def decide_output_budget(
     n: int = 1,
     prompt_count: int = 1,
     param: str = "max_tokens",
+    longest_prompt_tokens: int | None = None,
 ) -> OutputBudget:
-    """Default, clamp or refuse max_tokens, then check the context window."""
+    """Default, clamp or refuse max_tokens, then check the context window.
+
+    The window holds one prompt and its output: for a batch of prompts it is
+    checked against the longest one (`longest_prompt_tokens`).
+    """
     clamped = False
     if requested is None:
         max_tokens = limits.default_max_tokens
@@ -98,12 +103,13 @@ def decide_output_budget(
         max_tokens = requested
     window = limits.context_window
     if window:
-        room = window - prompt_tokens
+        longest = prompt_tokens if longest_prompt_tokens is None else longest_prompt_tokens
+        room = window - longest
         if room < 1 or (requested is not None and not clamped and max_tokens > room):
             raise GatewayError(
                 400,
                 "context_length_exceeded",
-                f"This model's context window is {window} tokens; the prompt has {prompt_tokens} "
+                f"This model's context window is {window} tokens; the prompt has {longest} "
                 f"and {param} asks for {max_tokens}.",
                 param=param,
             )

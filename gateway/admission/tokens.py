@@ -73,10 +73,22 @@ class PromptParts:
     fixed_tokens: int = 0
     #: How many prompts the request holds (`/v1/completions` accepts a batch).
     prompt_count: int = 1
+    #: Each text is a prompt of its own (a batch of strings), not a part of one prompt.
+    texts_are_prompts: bool = False
+    #: Tokens of the longest token-id prompt of a batch.
+    longest_fixed: int = 0
 
     @property
     def char_count(self) -> int:
         return sum(len(t) for t in self.texts)
+
+
+@dataclass(slots=True, frozen=True)
+class PromptSize:
+    """Prompt tokens of a request, and of its longest prompt (they differ for batches)."""
+
+    total: int
+    longest: int
 
 
 def chat_prompt_parts(messages: Any, tools: Any = None) -> PromptParts:
@@ -175,11 +187,15 @@ def completion_prompt_parts(prompt: Any) -> PromptParts:
             "'prompt' must be a string, an array of strings, or an array of token ids", "prompt"
         )
     if all(isinstance(p, str) for p in prompt):
-        return PromptParts(texts=list(prompt), prompt_count=len(prompt))
+        return PromptParts(texts=list(prompt), prompt_count=len(prompt), texts_are_prompts=True)
     if all(_is_token_id(t) for t in prompt):
         return PromptParts(fixed_tokens=len(prompt))
     if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
-        return PromptParts(fixed_tokens=sum(len(p) for p in prompt), prompt_count=len(prompt))
+        return PromptParts(
+            fixed_tokens=sum(len(p) for p in prompt),
+            prompt_count=len(prompt),
+            longest_fixed=max(len(p) for p in prompt),
+        )
     raise invalid_request(
         "'prompt' must be a string, an array of strings, or an array of token ids", "prompt"
     )
@@ -187,6 +203,15 @@ def completion_prompt_parts(prompt: Any) -> PromptParts:
 
 def _is_token_id(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_TOKEN_ID
+
+
+def _size(parts: PromptParts, text_counts: list[int]) -> PromptSize:
+    total = parts.fixed_tokens + sum(text_counts)
+    if parts.prompt_count == 1:
+        return PromptSize(total, total)
+    if parts.texts_are_prompts:
+        return PromptSize(total, max(text_counts))
+    return PromptSize(total, parts.longest_fixed)
 
 
 class TokenCounter:
@@ -206,19 +231,28 @@ class TokenCounter:
         )
 
     def count_texts(self, texts: Sequence[str]) -> int:
+        return sum(self._count_each(texts))
+
+    def _count_each(self, texts: Sequence[str]) -> list[int]:
         encode = self.encoding.encode_ordinary
-        return sum(len(encode(text)) for text in texts)
+        return [len(encode(text)) for text in texts]
 
     def count(self, parts: PromptParts) -> int:
-        return parts.fixed_tokens + self.count_texts(parts.texts)
+        return self.measure(parts).total
 
     async def count_async(self, parts: PromptParts) -> int:
+        return (await self.measure_async(parts)).total
+
+    def measure(self, parts: PromptParts) -> PromptSize:
+        return _size(parts, self._count_each(parts.texts))
+
+    async def measure_async(self, parts: PromptParts) -> PromptSize:
         """Count on the loop when cheap, in a worker thread when the prompt is big."""
         if parts.char_count < self.offload_min_chars:
-            return self.count(parts)
+            return self.measure(parts)
         loop = asyncio.get_running_loop()
-        encoded = await loop.run_in_executor(self._executor, self.count_texts, parts.texts)
-        return parts.fixed_tokens + encoded
+        counts = await loop.run_in_executor(self._executor, self._count_each, parts.texts)
+        return _size(parts, counts)
 
     def close(self) -> None:
         if isinstance(self._executor, ThreadPoolExecutor):

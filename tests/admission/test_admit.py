@@ -68,18 +68,24 @@ async def test_default_max_tokens_is_injected(settings: Settings, counter: Token
     assert admission.backend_body["model"] == "m"
 
 
-async def test_explicit_null_max_tokens_gets_the_default(settings: Settings, counter: TokenCounter) -> None:
+async def test_explicit_null_max_tokens_gets_the_default(
+    settings: Settings, counter: TokenCounter
+) -> None:
     shape, admission = await admit_body({"messages": HELLO, "max_tokens": None}, settings, counter)
     assert admission.backend_body["max_tokens"] == 256
 
 
-async def test_max_tokens_within_the_cap_is_passed_on(settings: Settings, counter: TokenCounter) -> None:
+async def test_max_tokens_within_the_cap_is_passed_on(
+    settings: Settings, counter: TokenCounter
+) -> None:
     shape, admission = await admit_body({"messages": HELLO, "max_tokens": 40}, settings, counter)
     assert admission.backend_body["max_tokens"] == 40
     assert not admission.budget.clamped
 
 
-async def test_max_tokens_over_the_cap_is_clamped(settings: Settings, counter: TokenCounter) -> None:
+async def test_max_tokens_over_the_cap_is_clamped(
+    settings: Settings, counter: TokenCounter
+) -> None:
     shape, admission = await admit_body({"messages": HELLO, "max_tokens": 5000}, settings, counter)
     assert admission.backend_body["max_tokens"] == 1024
     assert admission.budget.clamped
@@ -89,7 +95,9 @@ async def test_max_tokens_over_the_cap_is_clamped(settings: Settings, counter: T
 async def test_max_completion_tokens_is_the_field_clamped_when_the_client_used_it(
     settings: Settings, counter: TokenCounter
 ) -> None:
-    shape, admission = await admit_body({"messages": HELLO, "max_completion_tokens": 5000}, settings, counter)
+    shape, admission = await admit_body(
+        {"messages": HELLO, "max_completion_tokens": 5000}, settings, counter
+    )
     assert admission.backend_body["max_completion_tokens"] == 1024
     assert "max_tokens" not in admission.backend_body
     assert shape.requested_max_tokens == 5000
@@ -129,11 +137,6 @@ async def test_reject_mode_refuses_over_cap(counter: TokenCounter) -> None:
     assert (error.status, error.code) == (400, "max_tokens_too_large")
 
 
-@pytest.mark.xfail(
-    reason="admit.py does not pass the client's field name to decide_output_budget(param=...): "
-    "a max_completion_tokens refusal names 'max_tokens'",
-    strict=True,
-)
 async def test_reject_mode_names_max_completion_tokens_when_the_client_used_it(
     counter: TokenCounter,
 ) -> None:
@@ -177,7 +180,9 @@ async def test_stream_keeps_other_stream_options(settings: Settings, counter: To
     assert shape.client_wants_usage is False
 
 
-async def test_client_that_asked_for_usage_wants_it(settings: Settings, counter: TokenCounter) -> None:
+async def test_client_that_asked_for_usage_wants_it(
+    settings: Settings, counter: TokenCounter
+) -> None:
     body = {"messages": HELLO, "stream": True, "stream_options": {"include_usage": True}}
     shape, admission = await admit_body(body, settings, counter)
     assert shape.client_wants_usage is True
@@ -225,7 +230,9 @@ async def test_completions_with_a_string_prompt(settings: Settings, counter: Tok
     assert admission.backend_body["stream_options"] == {"include_usage": True}
 
 
-async def test_completions_get_the_default_max_tokens(settings: Settings, counter: TokenCounter) -> None:
+async def test_completions_get_the_default_max_tokens(
+    settings: Settings, counter: TokenCounter
+) -> None:
     shape, admission = await admit_body({"prompt": [1, 2, 3]}, settings, counter, COMPLETION)
     assert shape.prompt_tokens == 3
     assert admission.backend_body["max_tokens"] == 256
@@ -259,16 +266,22 @@ async def test_lane_follows_n_times_max_tokens(
     assert admission.lane.name == lane
 
 
-async def test_lane_follows_the_prompt_count_of_a_batch(settings: Settings, counter: TokenCounter) -> None:
+async def test_lane_follows_the_prompt_count_of_a_batch(
+    settings: Settings, counter: TokenCounter
+) -> None:
     _, one = await admit_body({"prompt": ["a"], "max_tokens": 200}, settings, counter, COMPLETION)
-    _, two = await admit_body({"prompt": ["a", "b"], "max_tokens": 200}, settings, counter, COMPLETION)
+    _, two = await admit_body(
+        {"prompt": ["a", "b"], "max_tokens": 200}, settings, counter, COMPLETION
+    )
     assert (one.lane.name, one.budget.total) == ("interactive", 200)
     assert (two.lane.name, two.budget.total) == ("bulk", 400)
 
 
 async def test_lane_follows_the_clamped_budget(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(max_output_tokens=256, default_max_tokens=256))
-    shape, admission = await admit_body({"messages": HELLO, "max_tokens": 100_000}, settings, counter)
+    shape, admission = await admit_body(
+        {"messages": HELLO, "max_tokens": 100_000}, settings, counter
+    )
     assert admission.budget.max_tokens == 256
     assert admission.lane.name == "interactive"
 
@@ -294,25 +307,18 @@ async def test_prompt_over_the_cap_is_413(counter: TokenCounter) -> None:
     assert (error.status, error.code) == (413, "prompt_too_long")
 
 
-@pytest.mark.xfail(
-    reason="limits.check_prompt always reports param='messages', also for /v1/completions",
-    strict=True,
-)
 async def test_completions_prompt_over_the_cap_names_prompt(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(max_prompt_tokens=8))
     error = await refusal({"prompt": list(range(9))}, settings, counter, COMPLETION)
     assert (error.status, error.code, error.param) == (413, "prompt_too_long", "prompt")
 
 
-@pytest.mark.xfail(
-    reason="the context window is checked against the sum of a batch's prompts, "
-    "not each prompt: a batch of prompts that each fit is refused",
-    strict=True,
-)
 async def test_context_window_applies_to_each_prompt_of_a_batch(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(context_window=1000))
     prompt = [list(range(600)), list(range(600))]  # two prompts of 600 tokens
-    shape, admission = await admit_body({"prompt": prompt, "max_tokens": 100}, settings, counter, COMPLETION)
+    shape, admission = await admit_body(
+        {"prompt": prompt, "max_tokens": 100}, settings, counter, COMPLETION
+    )
     assert admission.budget.max_tokens == 100
 
 
@@ -326,13 +332,21 @@ async def test_context_window_applies_to_each_prompt_of_a_batch(counter: TokenCo
         pytest.param({"stream": 1}, "stream", id="stream-a-number"),
         pytest.param({"model": 5}, "model", id="model-a-number"),
         pytest.param({"model": ["m"]}, "model", id="model-a-list"),
-        pytest.param({"stream_options": "include_usage"}, "stream_options", id="stream-options-a-string"),
+        pytest.param(
+            {"stream_options": "include_usage"}, "stream_options", id="stream-options-a-string"
+        ),
         pytest.param({"stream_options": [True]}, "stream_options", id="stream-options-a-list"),
-        pytest.param({"stream": True, "stream_options": True}, "stream_options", id="stream-options-true"),
+        pytest.param(
+            {"stream": True, "stream_options": True}, "stream_options", id="stream-options-true"
+        ),
         pytest.param({"n": True}, "n", id="n-a-bool"),
         pytest.param({"n": 17}, "n", id="n-over-max"),
         pytest.param({"max_tokens": "5"}, "max_tokens", id="max-tokens-a-string"),
-        pytest.param({"max_completion_tokens": False}, "max_completion_tokens", id="max-completion-tokens-a-bool"),
+        pytest.param(
+            {"max_completion_tokens": False},
+            "max_completion_tokens",
+            id="max-completion-tokens-a-bool",
+        ),
         pytest.param({"messages": "hello"}, "messages", id="messages-a-string"),
     ],
 )
@@ -341,3 +355,26 @@ async def test_wrong_types_are_400(
 ) -> None:
     error = await refusal({"messages": HELLO, **changes}, settings, counter)
     assert (error.status, error.code, error.param) == (400, "invalid_request", param)
+
+
+# --- the measured shape --------------------------------------------------------------------
+
+
+async def test_shape_records_what_the_client_asked(
+    settings: Settings, counter: TokenCounter
+) -> None:
+    body = {"messages": HELLO, "n": 3, "max_completion_tokens": 50, "max_tokens": None}
+    shape = await measure_openai(body, CHAT, settings, counter)
+    assert shape.kind == CHAT
+    assert (shape.n, shape.prompt_count) == (3, 1)
+    assert shape.requested_max_tokens == 50
+    assert shape.max_tokens_fields == ("max_completion_tokens",)
+    assert shape.body is body
+
+
+async def test_completions_read_only_max_tokens(settings: Settings, counter: TokenCounter) -> None:
+    body = {"prompt": ["a", "b", "c"], "max_completion_tokens": 50}
+    shape = await measure_openai(body, COMPLETION, settings, counter)
+    assert shape.requested_max_tokens is None
+    assert shape.max_tokens_fields == ()
+    assert shape.prompt_count == 3

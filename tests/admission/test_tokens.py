@@ -127,7 +127,9 @@ def test_cookbook_example_is_129_tokens(counter: TokenCounter) -> None:
 # --- chat prompts: the rule, worked out by hand ---------------------------------------
 
 
-def test_cookbook_example_matches_the_rule(counter: TokenCounter, ntok: Callable[[str], int]) -> None:
+def test_cookbook_example_matches_the_rule(
+    counter: TokenCounter, ntok: Callable[[str], int]
+) -> None:
     expected = REPLY_PRIMING_TOKENS
     for message in COOKBOOK_MESSAGES:
         expected += 3 + ntok(message["role"]) + ntok(message["content"])
@@ -153,13 +155,17 @@ def test_each_message_adds_its_overhead_role_and_content(
     assert chat_count(counter, messages) == expected
 
 
-def test_name_adds_one_token_plus_its_own(counter: TokenCounter, ntok: Callable[[str], int]) -> None:
+def test_name_adds_one_token_plus_its_own(
+    counter: TokenCounter, ntok: Callable[[str], int]
+) -> None:
     without = chat_count(counter, [{"role": "user", "content": "hi"}])
     with_name = chat_count(counter, [{"role": "user", "name": "alice_smith", "content": "hi"}])
     assert with_name - without == 1 + ntok("alice_smith")
 
 
-def test_list_content_counts_each_text_part(counter: TokenCounter, ntok: Callable[[str], int]) -> None:
+def test_list_content_counts_each_text_part(
+    counter: TokenCounter, ntok: Callable[[str], int]
+) -> None:
     parts = [
         {"type": "text", "text": "Describe the first picture."},
         {"type": "text", "text": " Then the second one, in French."},
@@ -220,13 +226,16 @@ def test_assistant_tool_calls_count_name_and_arguments(
     assert chat_count(counter, messages) == expected
 
 
-def test_longer_tool_arguments_count_more(counter: TokenCounter, ntok: Callable[[str], int]) -> None:
+def test_longer_tool_arguments_count_more(
+    counter: TokenCounter, ntok: Callable[[str], int]
+) -> None:
     def with_arguments(arguments: str) -> int:
         call = {"function": {"name": "f", "arguments": arguments}}
         return chat_count(counter, [{"role": "assistant", "tool_calls": [call]}])
 
     long_arguments = json.dumps({"text": "lorem ipsum dolor sit amet " * 20})
-    assert with_arguments(long_arguments) - with_arguments("{}") == ntok(long_arguments) - ntok("{}")
+    difference = with_arguments(long_arguments) - with_arguments("{}")
+    assert difference == ntok(long_arguments) - ntok("{}")
 
 
 def test_tools_definitions_are_counted(counter: TokenCounter, ntok: Callable[[str], int]) -> None:
@@ -251,8 +260,11 @@ def test_tools_definitions_are_counted(counter: TokenCounter, ntok: Callable[[st
     assert two - without == 2 * (8 + ntok(rendered))
 
 
-def test_message_without_content_costs_overhead_and_role(counter: TokenCounter, ntok: Callable[[str], int]) -> None:
-    assert chat_count(counter, [{"role": "assistant", "content": None}]) == 3 + 3 + ntok("assistant")
+def test_message_without_content_costs_overhead_and_role(
+    counter: TokenCounter, ntok: Callable[[str], int]
+) -> None:
+    expected = 3 + 3 + ntok("assistant")
+    assert chat_count(counter, [{"role": "assistant", "content": None}]) == expected
 
 
 def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
@@ -270,7 +282,9 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
         pytest.param(None, None, "messages", id="messages-missing"),
         pytest.param([], None, "messages", id="messages-empty"),
         pytest.param(["hi"], None, "messages[0]", id="message-not-an-object"),
-        pytest.param([{"role": "robot", "content": "x"}], None, "messages[0].role", id="unknown-role"),
+        pytest.param(
+            [{"role": "robot", "content": "x"}], None, "messages[0].role", id="unknown-role"
+        ),
         pytest.param([{"content": "x"}], None, "messages[0].role", id="missing-role"),
         pytest.param([{"role": 1, "content": "x"}], None, "messages[0].role", id="role-a-number"),
         pytest.param(
@@ -279,8 +293,15 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
             "messages[1].role",
             id="second-message-bad-role",
         ),
-        pytest.param([{"role": "user", "content": 42}], None, "messages[0].content", id="content-a-number"),
-        pytest.param([{"role": "user", "content": {"text": "x"}}], None, "messages[0].content", id="content-an-object"),
+        pytest.param(
+            [{"role": "user", "content": 42}], None, "messages[0].content", id="content-a-number"
+        ),
+        pytest.param(
+            [{"role": "user", "content": {"text": "x"}}],
+            None,
+            "messages[0].content",
+            id="content-an-object",
+        ),
         pytest.param(
             [{"role": "user", "content": [{"type": "video", "video": "x"}]}],
             None,
@@ -305,7 +326,12 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
             "messages[0].content[0]",
             id="text-part-not-a-string",
         ),
-        pytest.param([{"role": "user", "content": "x", "name": 7}], None, "messages[0].name", id="name-not-a-string"),
+        pytest.param(
+            [{"role": "user", "content": "x", "name": 7}],
+            None,
+            "messages[0].name",
+            id="name-not-a-string",
+        ),
         pytest.param(
             [{"role": "assistant", "tool_calls": {"function": {}}}],
             None,
@@ -318,8 +344,12 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
             "messages[0].tool_calls",
             id="tool-call-function-not-an-object",
         ),
-        pytest.param([{"role": "user", "content": "x"}], {"type": "function"}, "tools", id="tools-not-a-list"),
-        pytest.param([{"role": "user", "content": "x"}], ["get_weather"], "tools", id="tool-not-an-object"),
+        pytest.param(
+            [{"role": "user", "content": "x"}], {"type": "function"}, "tools", id="tools-not-a-list"
+        ),
+        pytest.param(
+            [{"role": "user", "content": "x"}], ["get_weather"], "tools", id="tool-not-an-object"
+        ),
     ],
 )
 def test_invalid_chat_shapes_are_400_with_param(messages: Any, tools: Any, param: str) -> None:
@@ -409,7 +439,9 @@ class RecordingExecutor(ThreadPoolExecutor):
 
 
 @pytest.fixture
-def recording_counter(encoding: tiktoken.Encoding) -> Iterator[tuple[TokenCounter, RecordingExecutor]]:
+def recording_counter(
+    encoding: tiktoken.Encoding,
+) -> Iterator[tuple[TokenCounter, RecordingExecutor]]:
     executor = RecordingExecutor()
     counter = TokenCounter(encoding, offload_min_chars=1000, executor=executor)
     yield counter, executor
@@ -456,7 +488,9 @@ def _varied_text(target_words: int) -> str:
     """Random lowercase words: ~100k tokens that do not compress into a few BPE merges."""
     rng = random.Random(20240601)
     letters = string.ascii_lowercase
-    return " ".join("".join(rng.choices(letters, k=rng.randint(3, 12))) for _ in range(target_words))
+    return " ".join(
+        "".join(rng.choices(letters, k=rng.randint(3, 12))) for _ in range(target_words)
+    )
 
 
 async def test_counting_a_huge_prompt_does_not_stall_the_loop(encoding: tiktoken.Encoding) -> None:
