@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from typing import TextIO
 
@@ -12,7 +13,7 @@ from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
 from gateway.http import openai, ops
 from gateway.http.middleware import error_envelope
-from gateway.observability.logs import RequestLog
+from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.metrics import GatewayMetrics
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
@@ -44,6 +45,7 @@ def build_app(
         metrics=metrics,
         request_log=RequestLog(log_stream),
         upstream=UpstreamClient(settings.timeouts),
+        events=make_logger(sys.stderr, settings.logging.level),
     )
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(

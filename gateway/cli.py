@@ -28,6 +28,7 @@ from gateway.config import (
     Settings,
     consistency_warnings,
     load_settings,
+    unrecognized_env_names,
 )
 from gateway.observability.logs import make_logger
 
@@ -105,6 +106,8 @@ def check_config(settings: Settings) -> int:
     print(json.dumps(effective, indent=2))
     for warning in consistency_warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
+    for name in unrecognized_env_names(os.environ):
+        print(f"warning: environment variable {name} sets no setting (typo?)", file=sys.stderr)
     if not settings.backends:
         print(
             "note: no backend configured; `serve` will start the built-in simulator",
@@ -114,7 +117,7 @@ def check_config(settings: Settings) -> int:
 
 
 def serve(settings: Settings) -> int:
-    log = make_logger(sys.stderr)
+    log = make_logger(sys.stderr, settings.logging.level)
     simulator: subprocess.Popen[bytes] | None = None
     try:
         if not settings.backends:

@@ -280,6 +280,23 @@ def _apply_env(settings: Settings, env: Mapping[str, str]) -> None:
         # Other GATEWAY_* names (the CLI's own, e.g. GATEWAY_CONFIG) are not settings.
 
 
+#: GATEWAY_* names that are not settings but are ours (read by the CLI).
+CLI_ENV_NAMES = frozenset({ENV_PREFIX + "CONFIG"})
+
+
+def unrecognized_env_names(env: Mapping[str, str]) -> list[str]:
+    """GATEWAY_* variables that configure nothing (typos, or another tool's)."""
+    prefixes = [section + "_" for section in TABLES] + ["lanes_", "backends_"]
+    unknown = []
+    for name in env:
+        if not name.startswith(ENV_PREFIX) or name in CLI_ENV_NAMES:
+            continue
+        rest = name[len(ENV_PREFIX) :].lower()
+        if rest != "backends" and not any(rest.startswith(p) for p in prefixes):
+            unknown.append(name)
+    return sorted(unknown)
+
+
 def _apply_env_table(settings: Settings, rest: str, text: str, name: str) -> bool:
     for section, cls in TABLES.items():
         if rest.startswith(section + "_"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -25,6 +26,8 @@ class GatewayState:
     metrics: GatewayMetrics
     request_log: RequestLog
     upstream: UpstreamClient
+    #: The gateway's own lifecycle and error events (stderr), as opposed to request lines.
+    events: Any
 
     def finish(self, record: RequestRecord) -> None:
         """Every request ends here exactly once: its log line and its metrics."""

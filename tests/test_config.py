@@ -534,3 +534,17 @@ def test_check_config_with_a_good_file_prints_json(tmp_path: Path) -> None:
     assert effective["server"]["port"] == 9090
     assert [ln["name"] for ln in effective["lanes"]] == ["chat", "agent", "batch"]
     assert effective["lane_slot_limits"] == {"chat": 12, "agent": 3, "batch": 3}
+
+
+def test_unrecognized_gateway_env_names_are_reported() -> None:
+    from gateway.config import unrecognized_env_names
+
+    env = {
+        "GATEWAY_LIMTS_MAX_N": "3",
+        "GATEWAY_LIMITS_MAX_N": "3",
+        "GATEWAY_CONFIG": "x.toml",
+        "GATEWAY_BACKENDS": "http://a:1",
+        "GATEWAY_LANES_BULK_QUEUE_TIMEOUT_S": "3",
+        "PATH": "/bin",
+    }
+    assert unrecognized_env_names(env) == ["GATEWAY_LIMTS_MAX_N"]

@@ -1,17 +1,20 @@
-"""Answer aiohttp's own HTTP errors (404, 405, 413 ...) in the OpenAI error envelope too."""
+"""Answer aiohttp's own HTTP errors (404, 405, 413 ...) in the OpenAI error envelope too.
+
+An unexpected exception (a gateway bug) is logged with its traceback and answered
+with a 500 envelope, never with aiohttp's plain-text page.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import structlog
 from aiohttp import web
 
 from gateway.errors import GatewayError
 from gateway.http.errors import error_response
+from gateway.state import GATEWAY
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-log = structlog.get_logger("gateway")
 
 CODES = {
     404: "not_found",
@@ -32,3 +35,10 @@ async def error_envelope(request: web.Request, handler: Handler) -> web.StreamRe
         message = exc.reason if exc.status != 404 else f"No route {request.method} {request.path}."
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return error_response(GatewayError(exc.status, code, message), headers)
+    except Exception:
+        request.app[GATEWAY].events.exception(
+            "unhandled_error", method=request.method, path=request.path
+        )
+        return error_response(
+            GatewayError(500, "internal_error", "The gateway failed on this request; see its log.")
+        )

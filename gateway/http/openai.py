@@ -117,6 +117,10 @@ async def proxy_openai(
             record.outcome = "client_disconnected"
             record.status = 499
         raise
+    except Exception:
+        record.outcome = "internal_error"
+        record.status = 500
+        raise
     finally:
         if grant is not None:
             state.scheduler.release(grant)

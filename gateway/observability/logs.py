@@ -7,6 +7,7 @@ The per-request line goes to stdout so that any log shipper can pick it up and
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any, TextIO
 
@@ -19,13 +20,15 @@ def _compact_json(obj: Any, **_: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
-def make_logger(stream: TextIO | None = None) -> Any:
+def make_logger(stream: TextIO | None = None, level: str = "info") -> Any:
     """A structlog logger rendering one JSON object per line to `stream` (stdout)."""
     return structlog.wrap_logger(
         structlog.WriteLogger(stream or sys.stdout),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(serializer=_compact_json),
         ],
     )
