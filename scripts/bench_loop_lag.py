@@ -119,6 +119,11 @@ async def scenario(url: str, with_big_prompts: bool) -> dict[str, Any]:
     }
 
 
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -164,8 +169,7 @@ async def main() -> int:
         print(
             f"{name:<40} {med['gap_p50_ms']:>9.1f} {med['gap_p99_ms']:>9.1f} {med['gap_max_ms']:>9.1f}"
         )
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(summary, indent=2))
+    write_json(Path(args.json), summary)
     print(f"wrote {args.json}")
     return 0
 
