@@ -63,6 +63,9 @@ class BackendSettings:
     name: str = ""
     #: Requests the gateway lets run at once on this backend (its slots).
     max_concurrency: int = 8
+    #: Prompt tokens this backend may be prefilling at once (dispatched, no first byte
+    #: yet); a bigger prompt goes alone. 0: no limit.
+    max_prefill_tokens: int = 4096
 
 
 @dataclass(slots=True)
@@ -391,6 +394,8 @@ def validate(settings: Settings) -> None:
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"{where}.url: expected http(s)://host:port, got {backend.url!r}")
         _positive(f"{where}.max_concurrency", backend.max_concurrency)
+        if backend.max_prefill_tokens < 0:
+            raise ConfigError(f"{where}.max_prefill_tokens: must be >= 0 (0: no limit)")
         if backend.name in seen_backends:
             raise ConfigError(f"{where}.name: duplicate backend name {backend.name!r}")
         seen_backends.add(backend.name)

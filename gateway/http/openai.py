@@ -86,12 +86,13 @@ async def proxy_openai(
         headers.update(admission_headers(admission))
 
         record.enqueued = loop.time()
-        grant = await state.scheduler.acquire(admission.lane.name)
+        grant = await state.scheduler.acquire(admission.lane.name, shape.prompt_tokens)
         record.dispatched = loop.time()
-        record.backend = grant.slot.name
+        record.backend = grant.slot.backend.name
         headers.update(queue_headers(record.queue_ms))
+        held = grant
         plan = RelayPlan(
-            backend=grant.slot,
+            backend=grant.slot.backend,
             path=path,
             body=json.dumps(admission.backend_body).encode(),
             headers={
@@ -102,6 +103,7 @@ async def proxy_openai(
             stream=shape.stream,
             strip_usage=not shape.client_wants_usage,
             response_headers=headers,
+            on_first_byte=lambda: state.scheduler.prefill_done(held),
         )
         return await relay(request, plan, record, state.upstream)
     except GatewayError as error:

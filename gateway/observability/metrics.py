@@ -147,7 +147,13 @@ class _LiveGauges(Collector):
         backend_slots = GaugeMetricFamily(
             "gateway_backend_slots", "Slots (max_concurrency), by backend.", labels=["backend"]
         )
+        prefilling = GaugeMetricFamily(
+            "gateway_backend_prefill_tokens",
+            "Prompt tokens sent to a backend that has not answered their first byte yet.",
+            labels=["backend"],
+        )
         for backend in self.pool.backends:
             backend_in_flight.add_metric([backend.name], backend.in_flight)
             backend_slots.add_metric([backend.name], backend.max_concurrency)
-        yield from (depth, in_flight, limit, backend_in_flight, backend_slots)
+            prefilling.add_metric([backend.name], backend.prefilling_tokens)
+        yield from (depth, in_flight, limit, backend_in_flight, backend_slots, prefilling)

@@ -32,8 +32,11 @@ MAX_RETRY_AFTER_S = 60
 class SlotSource(Protocol):
     """Where slots come from (the backend pool)."""
 
-    def try_take(self, lane: str) -> Any | None:
-        """Take a slot for `lane`, or None when no slot is free for it."""
+    def try_take(self, lane: str, prompt_tokens: int) -> Any | None:
+        """Take a slot for a request of `lane`, or None when none is free for it."""
+
+    def prefill_done(self, slot: Any) -> None:
+        """The request's prompt is no longer in prefill (its first byte came back)."""
 
     def give_back(self, slot: Any) -> None:
         """Return a slot taken with try_take."""
@@ -53,6 +56,7 @@ class Grant:
 @dataclass(slots=True)
 class _Waiter:
     enqueued_at: float
+    prompt_tokens: int
     future: asyncio.Future[Grant]
     timer: asyncio.TimerHandle | None = None
 
@@ -116,7 +120,7 @@ class Scheduler:
             wait = lane.hold_ewma_s or 1.0
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait)))
 
-    async def acquire(self, name: str) -> Grant:
+    async def acquire(self, name: str, prompt_tokens: int = 0) -> Grant:
         """Wait for a slot in lane `name`; raise GatewayError when refused or timed out.
 
         Cancelling the caller (client went away) leaves the queue at once.
@@ -145,7 +149,7 @@ class Scheduler:
                     retry_after_s=self._retry_after(lane),
                 )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(now, loop.create_future())
+        waiter = _Waiter(now, prompt_tokens, loop.create_future())
         lane.queue.append(waiter)
         self._dispatch()
         if waiter.future.done():
@@ -205,6 +209,12 @@ class Scheduler:
         self._source.give_back(grant.slot)
         self._dispatch()
 
+    def prefill_done(self, grant: Grant) -> None:
+        """The backend started answering: its prefill budget may admit the next prompt."""
+        if not grant.released:
+            self._source.prefill_done(grant.slot)
+            self._dispatch()
+
     def notify_capacity(self) -> None:
         """Slots appeared outside of `release` (a backend came back): serve the queues."""
         self._dispatch()
@@ -234,7 +244,7 @@ class Scheduler:
             key=lambda lane: lane.queue[0].enqueued_at,
         )
         for lane in promoted + [lane for lane in ready if lane not in promoted]:
-            slot = self._source.try_take(lane.name)
+            slot = self._source.try_take(lane.name, lane.queue[0].prompt_tokens)
             if slot is None:
                 continue
             waiter = lane.queue.popleft()

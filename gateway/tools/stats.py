@@ -25,7 +25,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def summarize(values: Iterable[float | None], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float | None]:
+def summarize(
+    values: Iterable[float | None], qs: Sequence[float] = (50, 95, 99)
+) -> dict[str, float | None]:
     """count, mean and the given percentiles of the non-None values."""
     present = sorted(v for v in values if v is not None)
     out: dict[str, float | None] = {"count": float(len(present))}

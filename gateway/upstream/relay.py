@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -190,6 +190,8 @@ class RelayPlan:
     strip_usage: bool
     #: Headers the client gets (request id, lane, caps, queue time).
     response_headers: dict[str, str]
+    #: Called once when the backend's first byte arrives (its prefill is over).
+    on_first_byte: Callable[[], None] | None = None
 
 
 async def relay(
@@ -288,6 +290,8 @@ async def _relay_stream(
         first = await content.readany()
         record.first_byte = watchdog.last = loop.time()
         watchdog.streaming = True
+        if plan.on_first_byte is not None:
+            plan.on_first_byte()
         await client_response.prepare(request)
         record.status = 200
         chunk = first

@@ -523,3 +523,33 @@ async def test_metrics_report_lanes_and_requests(
 
 def _settings_type_check(settings: Settings) -> None:  # keeps the import used for typing
     _ = settings
+
+
+async def test_prefill_budget_keeps_long_prompts_from_stacking_up_in_the_engine(
+    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    sim = await start_simulator_at()
+    gateway = await start_gateway([sim])  # default budget: 4096 prompt tokens in prefill
+
+    async def send(prompt: str, request_id: str) -> None:
+        async with http.post(
+            gateway.url + "/v1/chat/completions",
+            json=chat(prompt, max_tokens=4, stream=True),
+            headers={"x-request-id": request_id},
+        ) as resp:
+            assert resp.status == 200
+            await resp.read()
+
+    async def short_later() -> None:
+        await asyncio.sleep(0.3)  # both long ones are in the gateway by now
+        await send(SHORT_PROMPT, "short")
+
+    await asyncio.gather(
+        send(LONG_PROMPT + "a", "long-a"), send(LONG_PROMPT + "b", "long-b"), short_later()
+    )
+    seen = {r["request_id"]: r for r in await sim_requests(http, sim)}
+    first, second = sorted((seen["long-a"], seen["long-b"]), key=lambda r: r["arrival"])
+    # The second long prompt reached the engine only once the first had finished prefill...
+    assert second["arrival"] >= first["first_token"] - 0.005
+    # ...while the short one was not held back by the budget.
+    assert first["arrival"] < seen["short"]["arrival"] < first["first_token"]

@@ -17,11 +17,14 @@ class CountingSlots:
     def __init__(self, slots: int) -> None:
         self.free = slots
 
-    def try_take(self, lane: str) -> object | None:
+    def try_take(self, lane: str, prompt_tokens: int) -> object | None:
         if self.free == 0:
             return None
         self.free -= 1
         return object()
+
+    def prefill_done(self, slot: object) -> None:
+        pass
 
     def give_back(self, slot: object) -> None:
         self.free += 1

@@ -1,0 +1,532 @@
+"""`python -m gateway analyze LOGFILE`: is P99 slow because of queueing or because of the model?
+
+It reads back the gateway's own per-request JSON lines (`event == "request"`), so
+an on-call engineer needs nothing but the log to decide between two different
+fixes: scheduling (lanes, slots, fail-fast) when the slowest requests spent their
+time in the gateway's queue, capacity or request size when they spent it in the
+backend. Anything else in the stream (lifecycle events, a simulator's banner,
+broken lines) is skipped and counted, never fatal: logs are messy at 2 a.m.
+
+Everything below `analyze` is plain functions over plain dicts so that tests and
+benchmarks can use them without the CLI; the HTML report lives in `report_html`
+because it needs matplotlib, which is optional.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from gateway.tools.stats import summarize
+
+#: Durations in the log line, in the order the report shows them.
+METRICS: tuple[str, ...] = ("queue_ms", "backend_ttft_ms", "ttft_ms", "tpot_ms", "e2e_ms")
+PERCENTILES: tuple[float, ...] = (50, 95, 99)
+#: Label for requests refused before a lane was chosen (e.g. prompt_too_long).
+NO_LANE = "(no lane)"
+#: The tail whose time is split into queue and backend: the slowest 1% of a lane.
+TAIL_FRACTION = 0.01
+#: Above this share of queue + backend time spent queued, the tail is queueing-bound.
+QUEUE_BOUND_SHARE = 0.5
+#: How many of a lane's slowest requests the JSON lists one by one.
+SLOWEST_LISTED = 20
+
+VERDICT_TEXT = {
+    "queueing": "queueing-bound → scheduling (lanes, slots, fail-fast)",
+    "backend": "backend-bound → capacity or request size",
+    "unknown": "no verdict: the slowest requests never queued nor reached a backend",
+}
+VERDICT_RULE = (
+    f"queueing-bound when the queue holds more than {QUEUE_BOUND_SHARE:.0%} of the "
+    "slowest requests' queue + backend time"
+)
+MEASURE_TEXT = {
+    "ttft_ms": "TTFT (queue_ms vs backend_ttft_ms)",
+    "e2e_ms": "e2e, no first token (queue_ms vs the rest after dispatch)",
+}
+
+Record = dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def parse_line(line: str) -> Record | None:
+    """The request record on this line, or None for anything else.
+
+    A prefix before the first `{` is tolerated because log collectors add one
+    (`kubectl logs --timestamps`, `docker compose logs`).
+    """
+    text = line.strip()
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        obj = json.loads(text[start:])
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("event") != "request":
+        return None
+    return obj
+
+
+def load_records(lines: Iterable[str]) -> tuple[list[Record], int]:
+    """The request records and the number of other non-blank lines skipped."""
+    records: list[Record] = []
+    skipped = 0
+    for line in lines:
+        record = parse_line(line)
+        if record is not None:
+            records.append(record)
+        elif line.strip():
+            skipped += 1
+    return records, skipped
+
+
+def number(record: Record, field: str) -> float | None:
+    """A finite numeric field, else None: a hand-edited or foreign line must not crash us."""
+    value = record.get(field)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def lane_of(record: Record) -> str:
+    lane = record.get("lane")
+    return lane if isinstance(lane, str) and lane else NO_LANE
+
+
+def outcome_of(record: Record) -> str:
+    outcome = record.get("outcome")
+    return outcome if isinstance(outcome, str) and outcome else "unknown"
+
+
+# ----------------------------------------------------------------------------- time axis
+
+
+def end_s(record: Record) -> float | None:
+    """The request's end as epoch seconds (the log line is written when it ends)."""
+    stamp = record.get("timestamp")
+    if not isinstance(stamp, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:  # the gateway logs UTC; a naive stamp is UTC too
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def arrival_s(record: Record) -> float | None:
+    """Arrival as epoch seconds: the end minus e2e_ms; None when either is missing."""
+    end = end_s(record)
+    e2e = number(record, "e2e_ms")
+    if end is None or e2e is None:
+        return None
+    return end - e2e / 1000.0
+
+
+def queue_depth_series(records: Iterable[Record]) -> list[tuple[float, int]]:
+    """(epoch seconds, requests queued) after each change, from [arrival, arrival + queue_ms].
+
+    Leaving is applied before joining at the same instant so depth never
+    overstates what the scheduler held.
+    """
+    events: list[tuple[float, int]] = []
+    for record in records:
+        arrival = arrival_s(record)
+        queue = number(record, "queue_ms")
+        if arrival is None or queue is None:
+            continue
+        events.append((arrival, 1))
+        events.append((arrival + queue / 1000.0, -1))
+    events.sort()
+    series: list[tuple[float, int]] = []
+    depth = 0
+    for moment, change in events:
+        depth += change
+        if series and series[-1][0] == moment:
+            series[-1] = (moment, depth)
+        else:
+            series.append((moment, depth))
+    return series
+
+
+# ----------------------------------------------------------------------------- the tail
+
+
+def breakdown(record: Record) -> dict[str, Any] | None:
+    """Split the time a request's user waited into queue, backend and gateway time.
+
+    The measure is TTFT when the request got a first token (queue_ms vs
+    backend_ttft_ms); otherwise e2e, where everything after the queue counts as
+    backend if the request was dispatched (a `backend` is named) and as gateway
+    time if not. A missing queue_ms means the request never queued: 0.
+    """
+    ttft = number(record, "ttft_ms")
+    e2e = number(record, "e2e_ms")
+    queue = number(record, "queue_ms") or 0.0
+    if ttft is not None:
+        measure, total = "ttft_ms", ttft
+        backend = number(record, "backend_ttft_ms") or 0.0
+    elif e2e is not None:
+        measure, total = "e2e_ms", e2e
+        backend = max(0.0, e2e - queue) if record.get("backend") is not None else 0.0
+    else:
+        return None
+    return {
+        "request_id": record.get("request_id"),
+        "outcome": outcome_of(record),
+        "measure": measure,
+        "total_ms": total,
+        "queue_ms": queue,
+        "backend_ms": backend,
+        "gateway_ms": max(0.0, total - queue - backend),
+    }
+
+
+def tail_size(ranked: int, fraction: float = TAIL_FRACTION) -> int:
+    """The slowest `fraction` of `ranked` requests, rounded up, at least one if any."""
+    if ranked <= 0:
+        return 0
+    return min(ranked, max(1, math.ceil(round(ranked * fraction, 9))))
+
+
+def slowest(records: Iterable[Record], count: int | None = None) -> list[dict[str, Any]]:
+    """Breakdowns of the slowest requests, slowest first (all of them when count is None)."""
+    ranked = [b for b in map(breakdown, records) if b is not None]
+    ranked.sort(key=lambda b: b["total_ms"], reverse=True)
+    return ranked if count is None else ranked[:count]
+
+
+def verdict(queue_ms: float, backend_ms: float, threshold: float = QUEUE_BOUND_SHARE) -> str:
+    """'queueing' when the queue holds more than `threshold` of queue + backend time.
+
+    Otherwise 'backend'; 'unknown' when neither took any time (e.g. the tail is
+    requests refused at the door), because guessing would send on-call the wrong way.
+    """
+    both = queue_ms + backend_ms
+    if both <= 0:
+        return "unknown"
+    return "queueing" if queue_ms / both > threshold else "backend"
+
+
+def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) -> dict[str, Any]:
+    """How the slowest `fraction` of these requests split their time, and the verdict."""
+    ranked = slowest(records)
+    tail = ranked[: tail_size(len(ranked), fraction)]
+    sums = {
+        part: sum(b[part] for b in tail)
+        for part in ("total_ms", "queue_ms", "backend_ms", "gateway_ms")
+    }
+    both = sums["queue_ms"] + sums["backend_ms"]
+    size = len(tail)
+
+    def mean(part: str) -> float | None:
+        return _round(sums[part] / size) if size else None
+
+    def share(part: str) -> float | None:
+        return _round(sums[part] / sums["total_ms"], 4) if sums["total_ms"] > 0 else None
+
+    kind = verdict(sums["queue_ms"], sums["backend_ms"]) if tail else None
+    return {
+        "fraction": fraction,
+        "size": size,
+        "ranked": len(ranked),
+        "measures": dict(Counter(b["measure"] for b in tail)),
+        "cutoff_ms": _round(tail[-1]["total_ms"]) if tail else None,
+        "max_ms": _round(tail[0]["total_ms"]) if tail else None,
+        "mean_total_ms": mean("total_ms"),
+        "mean_queue_ms": mean("queue_ms"),
+        "mean_backend_ms": mean("backend_ms"),
+        "mean_gateway_ms": mean("gateway_ms"),
+        "queue_share": share("queue_ms"),
+        "backend_share": share("backend_ms"),
+        "gateway_share": share("gateway_ms"),
+        "queue_vs_backend": _round(sums["queue_ms"] / both, 4) if both > 0 else None,
+        "verdict": kind,
+        "verdict_text": VERDICT_TEXT[kind] if kind else None,
+        "slowest": [_rounded(b) for b in ranked[:SLOWEST_LISTED]],
+    }
+
+
+# ----------------------------------------------------------------------------- analysis
+
+
+def analyze(
+    records: Sequence[Record], *, skipped: int = 0, tail_fraction: float = TAIL_FRACTION
+) -> dict[str, Any]:
+    """Every number the text, JSON and HTML reports show, as one JSON-ready dict."""
+    by_lane: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        by_lane[lane_of(record)].append(record)
+    order = sorted(by_lane, key=lambda lane: (lane == NO_LANE, -len(by_lane[lane]), lane))
+    return {
+        "requests": len(records),
+        "skipped_lines": skipped,
+        "window": _window(records),
+        "tail_fraction": tail_fraction,
+        "verdict_rule": VERDICT_RULE,
+        "lanes": {lane: _lane(by_lane[lane], tail_fraction) for lane in order},
+    }
+
+
+def _lane(records: Sequence[Record], tail_fraction: float) -> dict[str, Any]:
+    by_outcome: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        by_outcome[outcome_of(record)].append(record)
+    total = len(records)
+    order = sorted(by_outcome, key=lambda o: (o != "ok", -len(by_outcome[o]), o))
+    outcomes = {
+        outcome: {
+            "count": len(by_outcome[outcome]),
+            "percent": _percent(len(by_outcome[outcome]), total),
+            "latency": latency(by_outcome[outcome]),
+        }
+        for outcome in order
+    }
+    failures = [
+        {"reason": outcome, "count": data["count"], "percent": data["percent"]}
+        for outcome, data in outcomes.items()
+        if outcome != "ok"
+    ]
+    return {
+        "requests": total,
+        "outcomes": outcomes,
+        "failures": failures,
+        "tail": tail_analysis(records, tail_fraction),
+    }
+
+
+def latency(records: Sequence[Record]) -> dict[str, dict[str, float | int | None]]:
+    """count (requests with a value), mean and P50/P95/P99 of each duration."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for metric in METRICS:
+        summary = summarize((number(r, metric) for r in records), PERCENTILES)
+        out[metric] = {
+            key: (int(value) if key == "count" and value is not None else _round(value))
+            for key, value in summary.items()
+        }
+    return out
+
+
+def _window(records: Sequence[Record]) -> dict[str, Any] | None:
+    starts = [t for t in map(arrival_s, records) if t is not None]
+    ends = [t for t in map(end_s, records) if t is not None]
+    if not ends:
+        return None
+    start = min(starts) if starts else min(ends)
+    end = max(ends)
+    return {"start": _iso(start), "end": _iso(end), "seconds": _round(end - start)}
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def _percent(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 2) if whole else 0.0
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _rounded(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: _round(v) if isinstance(v, float) else v for k, v in item.items()}
+
+
+# ----------------------------------------------------------------------------- text report
+
+
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds with precision that suits the size: 0.06, 12.7, 1503."""
+    if value is None:
+        return "-"
+    if abs(value) < 10:
+        return f"{value:.2f}"
+    if abs(value) < 1000:
+        return f"{value:.1f}"
+    return f"{value:.0f}"
+
+
+def fmt_share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
+    """The headline for one lane and the numbers that justify it."""
+    if not tail["size"]:
+        return [f"{lane}: no verdict (no request with a TTFT or e2e time)"]
+    measures = " + ".join(
+        f"{MEASURE_TEXT[m]}" + (f" ×{n}" if len(tail["measures"]) > 1 else "")
+        for m, n in sorted(tail["measures"].items(), key=lambda item: -item[1])
+    )
+    pct = f"{100 * tail['fraction']:g}%"
+    return [
+        f"{lane}: {tail['verdict_text']}",
+        f"    slowest {pct} = {tail['size']} of {tail['ranked']} requests, measured by {measures}",
+        f"    mean {fmt_ms(tail['mean_total_ms'])} ms = queue {fmt_ms(tail['mean_queue_ms'])} ms"
+        f" ({fmt_share(tail['queue_share'])}) + backend {fmt_ms(tail['mean_backend_ms'])} ms"
+        f" ({fmt_share(tail['backend_share'])}) + gateway {fmt_ms(tail['mean_gateway_ms'])} ms"
+        f" ({fmt_share(tail['gateway_share'])})",
+        f"    queue share of queue + backend: {fmt_share(tail['queue_vs_backend'])}"
+        f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%});"
+        f" tail from {fmt_ms(tail['cutoff_ms'])} to {fmt_ms(tail['max_ms'])} ms",
+    ]
+
+
+def format_report(analysis: dict[str, Any]) -> str:
+    """The plain-text report (≤ 100 columns): verdicts first, then the numbers behind them."""
+    lanes: dict[str, Any] = analysis["lanes"]
+    out = [
+        f"gateway analyze: {analysis['requests']} requests in {len(lanes)} lane(s), "
+        f"{analysis['skipped_lines']} other line(s) skipped"
+    ]
+    window = analysis.get("window")
+    if window:
+        out.append(f"window: {window['start']} → {window['end']} ({window['seconds']:.1f} s)")
+    if not lanes:
+        out.append('no request lines (event == "request") found')
+        return "\n".join(out) + "\n"
+
+    out += ["", f"VERDICT, slowest {100 * analysis['tail_fraction']:g}% of each lane"]
+    for lane, data in lanes.items():
+        out += ["  " + line for line in verdict_lines(lane, data["tail"])]
+
+    out += ["", "LATENCY (ms) per lane and outcome; n = requests with a value"]
+    header = (
+        f"  {'lane / outcome':<26}{'requests':>9}  {'metric':<16}{'n':>7}"
+        f"{'p50':>12}{'p95':>12}{'p99':>12}"
+    )
+    out.append(header)
+    for lane, data in lanes.items():
+        out.append(f"  {lane[:26]}")
+        for outcome, stats in data["outcomes"].items():
+            label = f"    {outcome}"[:26]
+            rows = [(m, s) for m, s in stats["latency"].items() if s["count"]]
+            if not rows:
+                out.append(f"  {label:<26}{stats['count']:>9}  {'(no timings)':<16}")
+            for i, (metric, s) in enumerate(rows):
+                first = f"  {label:<26}{stats['count']:>9}" if i == 0 else " " * 37
+                out.append(
+                    f"{first}  {metric:<16}{s['count']:>7}{fmt_ms(s['p50']):>12}"
+                    f"{fmt_ms(s['p95']):>12}{fmt_ms(s['p99']):>12}"
+                )
+
+    out += ["", "REJECTIONS, TIMEOUTS AND ERRORS per lane (% of the lane's requests)"]
+    rows = [(lane, f) for lane, data in lanes.items() for f in data["failures"]]
+    if not rows:
+        out.append("  none: every request ended ok")
+    else:
+        out.append(f"  {'lane':<26}{'reason':<30}{'count':>9}{'% of lane':>12}")
+        for lane, failure in rows:
+            out.append(
+                f"  {lane[:25]:<26}{failure['reason'][:29]:<30}{failure['count']:>9}"
+                f"{failure['percent']:>11.1f}%"
+            )
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `analyze` subcommand's arguments (also used by this module's own entry point)."""
+    parser.add_argument(
+        "logfile",
+        nargs="?",
+        default="-",
+        help="the gateway's JSON log (stdout of `serve`); '-' or nothing reads stdin; .gz is ok",
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the numbers as JSON ('-': stdout, no text)"
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report with plots (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--tail-percent",
+        type=float,
+        default=100 * TAIL_FRACTION,
+        metavar="P",
+        help="the slowest P%% of each lane decide the verdict (default 1)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the analysis; 0 on success, 1 when the input has no request line, 2 on usage errors."""
+    if not 0 < args.tail_percent <= 100:
+        print("analyze: --tail-percent must be in (0, 100]", file=sys.stderr)
+        return 2
+    if args.html:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "analyze: --html needs matplotlib: pip install 'llm-tail-gateway[report]'",
+                file=sys.stderr,
+            )
+            return 2
+    try:
+        with _open(args.logfile) as stream:
+            records, skipped = load_records(stream)
+    except OSError as exc:
+        print(f"analyze: cannot read {args.logfile}: {exc}", file=sys.stderr)
+        return 2
+    analysis = analyze(records, skipped=skipped, tail_fraction=args.tail_percent / 100)
+    if args.json != "-":
+        sys.stdout.write(format_report(analysis))
+    if args.json:
+        text = json.dumps(analysis, indent=2, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.json).write_text(text, encoding="utf-8")
+    if args.html:
+        from gateway.tools.report_html import render
+
+        source = "stdin" if args.logfile == "-" else args.logfile
+        Path(args.html).write_text(render(analysis, records, source=source), encoding="utf-8")
+    return 0 if records else 1
+
+
+@contextmanager
+def _open(path: str) -> Iterator[Iterable[str]]:
+    """Lines of stdin ('-'), a gzip file (rotated logs) or a text file."""
+    if path == "-":
+        yield sys.stdin
+        return
+    stream: TextIO
+    if path.endswith(".gz"):
+        stream = gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    else:
+        stream = open(path, encoding="utf-8", errors="replace")
+    with stream:
+        yield stream
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.tools.analyze",
+        description="Was P99 slow in the gateway's queue or in the model? Reads the JSON log.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))
