@@ -117,7 +117,8 @@ async def proxy_openai(
     except asyncio.CancelledError:
         if record.outcome is None:
             record.outcome = "client_disconnected"
-            record.status = 499
+        if record.status is None:
+            record.status = 499  # nothing was sent: nginx's code for "client closed"
         raise
     except Exception:
         record.outcome = "internal_error"

@@ -221,7 +221,8 @@ async def relay(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             record.outcome = "client_disconnected"
-            record.status = 499
+            if record.status is None:
+                record.status = 499  # nothing was sent: nginx's code for "client closed"
             raise
         error = timeout_error(watchdog.expired or "total", timeouts)
         if client_response is None or not client_response.prepared:
@@ -306,7 +307,13 @@ async def _relay_stream(
         tail = watcher.flush()
         if tail:
             await client_response.write(tail)
-    except aiohttp.ClientPayloadError as exc:
+    except ConnectionResetError:
+        # Writing to a client that has gone, before aiohttp cancelled this handler.
+        # (aiohttp's ClientConnectionResetError is one too: check it first.)
+        record.outcome = "client_disconnected"
+        record.completion_tokens = watcher.completion_tokens
+        return client_response
+    except aiohttp.ClientError as exc:
         if not client_response.prepared:
             raise _unreachable(plan.backend, exc) from None
         return await _fail_stream(client_response, record, watcher, "broke off mid-stream")

@@ -1,0 +1,509 @@
+"""The load generator's client: streams each planned request and times it as the user feels it.
+
+Every request is timed from the client's side of the wire (first send → first
+content token, → end), because that is the promise the gateway makes; its own
+headers (lane, queue wait) are kept next to the client's numbers to explain
+them. Open-loop runs fire on schedule whether or not earlier answers came back,
+so a slow server cannot slow the offered load down and hide its own tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+from gateway.tools.loadgen_mix import PlannedRequest, with_run_tag
+
+#: Statuses worth retrying: overload (429, 503), and a gateway/proxy that lost the backend.
+RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+#: Most bytes of an error body kept (error envelopes are small; HTML error pages are not).
+MAX_ERROR_BODY = 64 * 1024
+MAX_ERROR_MESSAGE = 300
+
+
+@dataclass(slots=True)
+class RetryPolicy:
+    """Client retries: exponential backoff with full jitter, at least any `Retry-After`."""
+
+    max_attempts: int = 1
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise ValueError("backoff times must be >= 0")
+
+    def delay_s(self, retry: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Wait before retry number `retry` (1 for the first retry)."""
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2 ** (retry - 1))
+        delay = rng.uniform(0.0, ceiling)
+        if retry_after_s is not None:
+            delay = max(delay, retry_after_s)
+        return delay
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """One request as the client saw it; durations in ms, None when absent (never made up)."""
+
+    index: int
+    cls: str
+    prompt_tokens: int
+    max_tokens: int
+    request_id: str
+    #: Planned and actual first-send offsets from the start of the run.
+    scheduled_ms: float
+    sent_ms: float | None = None
+    #: Status of the last attempt; None when no HTTP answer came (connection error, timeout).
+    status: int | None = None
+    #: From the OpenAI error envelope, a mid-stream SSE error event, or the client itself
+    #: (`connection_error`, `client_timeout`, `stream_truncated`).
+    error_code: str | None = None
+    error_message: str | None = None
+    #: First send → first non-empty content chunk.
+    ttft_ms: float | None = None
+    #: (last token − first token) / (completion_tokens − 1).
+    tpot_ms: float | None = None
+    #: First send → end of the last attempt's answer (includes any retry waits).
+    e2e_ms: float | None = None
+    #: From the usage chunk; None when the server sent none.
+    completion_tokens: int | None = None
+    #: Chunks with content: a stand-in for tokens when the server sends no usage.
+    content_chunks: int = 0
+    lane: str | None = None
+    queue_ms: float | None = None
+    retry_after_s: float | None = None
+    attempts: int = 0
+    #: Last attempt's send → its 4xx/5xx answer: how fast the server said no.
+    reject_ms: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error_code is None
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens, from usage when present, else counted content chunks."""
+        return self.completion_tokens if self.completion_tokens is not None else self.content_chunks
+
+
+@dataclass(slots=True)
+class RunResult:
+    """All results of one run against one target."""
+
+    target: str
+    results: list[RequestResult]
+    wall_s: float
+    #: The digits written into every prompt's opening for this run (defeats prefix caches).
+    run_tag: str = ""
+
+
+def chat_url(target: str) -> str:
+    """Accept a base URL, a `/v1` URL, or the full route."""
+    base = target.rstrip("/")
+    if base.endswith("/chat/completions"):
+        return base
+    if base.endswith("/v1"):
+        return base + "/chat/completions"
+    return base + "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What one HTTP attempt produced; folded into the request's result."""
+
+    status: int | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    retry_after_s: float | None = None
+    retryable: bool = False
+    first_token: float | None = None
+    last_token: float | None = None
+    end: float | None = None
+    completion_tokens: int | None = None
+    content_chunks: int = 0
+    lane: str | None = None
+    queue_ms: float | None = None
+
+
+class _Client:
+    """Shared state of one run: session, URL, body template, clock, retry randomness."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target: str,
+        *,
+        retry: RetryPolicy,
+        timeout_s: float,
+        model: str,
+        extra_body: dict[str, Any] | None,
+        run_tag: str,
+    ) -> None:
+        self.session = session
+        self.url = chat_url(target)
+        self.retry = retry
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.model = model
+        self.extra_body = dict(extra_body or {})
+        self.run_tag = run_tag
+        self.loop = asyncio.get_running_loop()
+        self.start = self.loop.time()
+        self.rng = random.Random()
+
+    def body(self, planned: PlannedRequest) -> bytes:
+        return json.dumps(
+            {
+                "model": self.model,
+                "messages": [{"role": "user", "content": with_run_tag(planned.prompt, self.run_tag)}],
+                "max_tokens": planned.max_tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                **self.extra_body,
+            }
+        ).encode()
+
+    async def send(self, planned: PlannedRequest) -> RequestResult:
+        """Send with retries; TTFT and e2e count from the first attempt's send."""
+        result = RequestResult(
+            index=planned.index,
+            cls=planned.cls,
+            prompt_tokens=planned.prompt_tokens,
+            max_tokens=planned.max_tokens,
+            request_id=f"loadgen-{self.run_tag}-{planned.index}",
+            scheduled_ms=planned.at_s * 1000.0,
+        )
+        body = self.body(planned)
+        first_send = self.loop.time()
+        result.sent_ms = (first_send - self.start) * 1000.0
+        attempt = _Attempt()
+        sent = first_send
+        for number in range(1, self.retry.max_attempts + 1):
+            if number > 1:
+                await asyncio.sleep(self.retry.delay_s(number - 1, attempt.retry_after_s, self.rng))
+                sent = self.loop.time()
+            attempt = await self._attempt(body, result.request_id)
+            result.attempts = number
+            if not attempt.retryable:
+                break
+        self._fold(result, attempt, first_send, sent)
+        return result
+
+    def _fold(
+        self, result: RequestResult, attempt: _Attempt, first_send: float, last_send: float
+    ) -> None:
+        ms = 1000.0
+        result.status = attempt.status
+        result.error_code = attempt.error_code
+        result.error_message = attempt.error_message
+        result.retry_after_s = attempt.retry_after_s
+        result.lane = attempt.lane
+        result.queue_ms = attempt.queue_ms
+        result.completion_tokens = attempt.completion_tokens
+        result.content_chunks = attempt.content_chunks
+        if attempt.end is not None:
+            result.e2e_ms = (attempt.end - first_send) * ms
+        if attempt.first_token is not None:
+            result.ttft_ms = (attempt.first_token - first_send) * ms
+            tokens = result.tokens
+            if attempt.last_token is not None and tokens > 1:
+                result.tpot_ms = (attempt.last_token - attempt.first_token) * ms / (tokens - 1)
+        if attempt.status is not None and attempt.status >= 400 and attempt.end is not None:
+            result.reject_ms = (attempt.end - last_send) * ms
+
+    async def _attempt(self, body: bytes, request_id: str) -> _Attempt:
+        out = _Attempt()
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            "x-request-id": request_id,
+        }
+        try:
+            async with self.session.post(
+                self.url, data=body, headers=headers, timeout=self.timeout
+            ) as response:
+                out.status = response.status
+                out.lane = response.headers.get("x-gateway-lane")
+                out.queue_ms = _float_or_none(response.headers.get("x-gateway-queue-ms"))
+                out.retry_after_s = parse_retry_after(response.headers.get("Retry-After"))
+                if response.status != 200:
+                    raw = await response.content.read(MAX_ERROR_BODY)
+                    out.end = self.loop.time()
+                    out.error_code, out.error_message = error_from_body(raw)
+                    out.retryable = response.status in RETRYABLE_STATUSES
+                    return out
+                await self._read_stream(response, out)
+        except TimeoutError:
+            out.error_code, out.error_message = "client_timeout", "no complete answer in time"
+        except aiohttp.ClientPayloadError as exc:
+            out.error_code, out.error_message = "stream_truncated", _short(str(exc))
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            out.error_code, out.error_message = "connection_error", _short(repr(exc))
+            # Nothing came back yet (or the connection dropped): safe to try again.
+            out.retryable = out.status is None
+        if out.end is None:
+            out.end = self.loop.time()
+        return out
+
+    async def _read_stream(self, response: aiohttp.ClientResponse, out: _Attempt) -> None:
+        done = False
+        pending = b""
+        async for chunk in response.content.iter_any():
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                self._event(payload, out)
+        out.end = self.loop.time()
+        if pending.startswith(b"data:") and pending[5:].strip() not in (b"", b"[DONE]"):
+            self._event(pending[5:].strip(), out)
+        elif pending.strip() == b"data: [DONE]":
+            done = True
+        if not done and out.error_code is None:
+            out.error_code = "stream_truncated"
+            out.error_message = "the stream ended without [DONE]"
+
+    def _event(self, payload: bytes, out: _Attempt) -> None:
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if "error" in event:
+            out.error_code, out.error_message = _error_fields(event)
+            return
+        usage = event.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            out.completion_tokens = usage["completion_tokens"]
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+            if text:
+                now = self.loop.time()
+                if out.first_token is None:
+                    out.first_token = now
+                out.last_token = now
+                out.content_chunks += 1
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 1] + "…"
+
+
+def _float_or_none(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a `Retry-After` header: delta-seconds or an HTTP date."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _error_fields(obj: dict[str, Any]) -> tuple[str | None, str | None]:
+    error = obj.get("error")
+    if isinstance(error, dict):
+        code = error.get("code") or error.get("type")
+        message = error.get("message")
+        return (
+            str(code) if code is not None else "error",
+            _short(str(message)) if message is not None else None,
+        )
+    # TGI's native shape: {"error": "message", "error_type": "..."}.
+    code = obj.get("error_type") or "error"
+    return str(code), _short(str(error)) if error is not None else None
+
+
+def error_from_body(raw: bytes) -> tuple[str | None, str | None]:
+    """(code, message) from an error answer; code None when the body is no error envelope."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        text = raw.decode(errors="replace").strip()
+        return None, _short(text) if text else None
+    if isinstance(obj, dict) and "error" in obj:
+        return _error_fields(obj)
+    return None, _short(raw.decode(errors="replace"))
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def _session() -> aiohttp.ClientSession:
+    # limit=0: an open-loop run opens as many connections as it has requests in flight, so
+    # the client never queues requests itself and hides the server's queue.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
+def _progress_bar(total: int, target: str, enabled: bool) -> Any:
+    return tqdm(
+        total=total,
+        desc=target,
+        unit="req",
+        file=sys.stderr,
+        disable=not enabled,
+        leave=False,
+        mininterval=0.25,
+        dynamic_ncols=True,
+    )
+
+
+async def _run(
+    target: str,
+    schedule: Sequence[PlannedRequest],
+    drive: Callable[[_Client, Callable[[PlannedRequest], Awaitable[None]]], Awaitable[None]],
+    *,
+    retry: RetryPolicy,
+    timeout_s: float,
+    model: str,
+    extra_body: dict[str, Any] | None,
+    progress: bool,
+) -> RunResult:
+    run_tag = str(secrets.randbelow(900_000) + 100_000)
+    results: list[RequestResult] = []
+    async with _session() as session:
+        client = _Client(
+            session,
+            target,
+            retry=retry,
+            timeout_s=timeout_s,
+            model=model,
+            extra_body=extra_body,
+            run_tag=run_tag,
+        )
+        bar = _progress_bar(len(schedule), target, progress)
+        failed = 0
+
+        async def one(planned: PlannedRequest) -> None:
+            nonlocal failed
+            result = await client.send(planned)
+            results.append(result)
+            failed += not result.ok
+            bar.update(1)
+            if failed:
+                bar.set_postfix(failed=failed, refresh=False)
+
+        try:
+            await drive(client, one)
+        finally:
+            bar.close()
+        wall_s = client.loop.time() - client.start
+    results.sort(key=lambda r: r.index)
+    return RunResult(target, results, wall_s, run_tag)
+
+
+async def run_open_loop(
+    target: str,
+    schedule: Sequence[PlannedRequest],
+    *,
+    retry: RetryPolicy | None = None,
+    timeout_s: float = 120.0,
+    model: str = "sim-model",
+    extra_body: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> RunResult:
+    """Send each request at its `at_s`, without waiting for earlier answers."""
+    ordered = sorted(schedule, key=lambda p: p.at_s)
+
+    async def drive(
+        client: _Client, one: Callable[[PlannedRequest], Awaitable[None]]
+    ) -> None:
+        tasks = []
+        try:
+            for planned in ordered:
+                delay = client.start + planned.at_s - client.loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(planned)))
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    return await _run(
+        target,
+        ordered,
+        drive,
+        retry=retry or RetryPolicy(),
+        timeout_s=timeout_s,
+        model=model,
+        extra_body=extra_body,
+        progress=progress,
+    )
+
+
+async def run_closed_loop(
+    target: str,
+    schedule: Sequence[PlannedRequest],
+    concurrency: int,
+    *,
+    retry: RetryPolicy | None = None,
+    timeout_s: float = 120.0,
+    model: str = "sim-model",
+    extra_body: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> RunResult:
+    """`concurrency` workers, each sending the next request as soon as its last one ended."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    queue = list(reversed(schedule))
+
+    async def drive(
+        client: _Client, one: Callable[[PlannedRequest], Awaitable[None]]
+    ) -> None:
+        async def worker() -> None:
+            while queue:
+                await one(queue.pop())
+
+        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+
+    return await _run(
+        target,
+        schedule,
+        drive,
+        retry=retry or RetryPolicy(),
+        timeout_s=timeout_s,
+        model=model,
+        extra_body=extra_body,
+        progress=progress,
+    )

@@ -1,0 +1,163 @@
+"""Summaries, tables and JSON of load generator runs.
+
+Latency percentiles are over successful requests only: a gateway that fails
+fast turns slow requests into quick 429s, and counting those as fast answers
+would flatter it. So failures are shown next to the percentiles (counts by
+status/code, time to rejection) and goodput counts only tokens that arrived in
+a successful answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gateway.tools.loadgen_client import RequestResult, RunResult
+from gateway.tools.stats import summarize
+
+ALL = "all"
+
+
+def error_key(result: RequestResult) -> str:
+    """`status/code`, `-` for a missing part (no HTTP answer, or no code in the body)."""
+    status = "-" if result.status is None else str(result.status)
+    return f"{status}/{result.error_code or '-'}"
+
+
+def _summarize_group(results: Sequence[RequestResult], wall_s: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    tokens = sum(r.tokens for r in ok)
+    lags = [r.sent_ms - r.scheduled_ms for r in results if r.sent_ms is not None]
+    return {
+        "count": len(results),
+        "ok": len(ok),
+        "failed": len(failed),
+        "errors": dict(sorted(Counter(error_key(r) for r in failed).items())),
+        "ttft_ms": summarize(r.ttft_ms for r in ok),
+        "e2e_ms": summarize(r.e2e_ms for r in ok),
+        "tpot_ms": summarize(r.tpot_ms for r in ok),
+        "queue_ms": summarize(r.queue_ms for r in results),
+        "reject_ms": summarize(r.reject_ms for r in failed),
+        "send_lag_ms": summarize(lags),
+        "completion_tokens": tokens,
+        "goodput_tok_s": tokens / wall_s if wall_s > 0 else None,
+        "retried": sum(r.attempts > 1 for r in results),
+        "attempts": sum(r.attempts for r in results),
+        "wall_s": wall_s,
+    }
+
+
+def summarize_run(run: RunResult) -> dict[str, dict[str, Any]]:
+    """Per class (smallest prompts first) and `all`."""
+    by_class: dict[str, list[RequestResult]] = {}
+    for result in run.results:
+        by_class.setdefault(result.cls, []).append(result)
+    order = sorted(
+        by_class, key=lambda c: sum(r.prompt_tokens for r in by_class[c]) / len(by_class[c])
+    )
+    out = {name: _summarize_group(by_class[name], run.wall_s) for name in order}
+    out[ALL] = _summarize_group(run.results, run.wall_s)
+    return out
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
+
+
+def _table(label: str, summary: dict[str, dict[str, Any]]) -> list[str]:
+    wall = summary.get(ALL, {}).get("wall_s")
+    lines = [f"== {label}" + (f"  (wall {wall:.1f} s)" if wall is not None else "")]
+    lines.append(f"{'':22}{'TTFT ms':>24}{'e2e ms':>24}")
+    lines.append(
+        f"{'class':<10}{'n':>6}{'ok':>6}"
+        + "".join(f"{q:>8}" for q in ("p50", "p95", "p99") * 2)
+        + f"{'tok/s':>9}{'rej p99':>9}"
+    )
+    for name, s in summary.items():
+        ttft, e2e = s["ttft_ms"], s["e2e_ms"]
+        lines.append(
+            f"{name[:10]:<10}{s['count']:>6}{s['ok']:>6}"
+            + "".join(f"{_fmt(m[q]):>8}" for m in (ttft, e2e) for q in ("p50", "p95", "p99"))
+            + f"{_fmt(s['goodput_tok_s']):>9}{_fmt(s['reject_ms']['p99']):>9}"
+        )
+    errors = [
+        f"{name} {key}={n}"
+        for name, s in summary.items()
+        if name != ALL
+        for key, n in s["errors"].items()
+    ]
+    if errors:
+        lines.append("errors: " + ", ".join(errors))
+    retried = summary.get(ALL, {}).get("retried")
+    if retried:
+        lines.append(f"retried: {retried} requests, {summary[ALL]['attempts']} attempts in all")
+    return lines
+
+
+def _comparison(summaries: Sequence[tuple[str, dict[str, dict[str, Any]]]]) -> list[str]:
+    """The figures that carry the claim, one column per target."""
+    tags = [f"[{i + 1}]" for i in range(len(summaries))]
+    lines = ["== side by side " + " vs ".join(tags)]
+    lines.append(f"{'class':<10}{'metric':<14}" + "".join(f"{t:>10}" for t in tags))
+    classes: list[str] = []
+    for _, summary in summaries:
+        classes.extend(c for c in summary if c not in classes)
+    metrics = (
+        ("ok %", lambda s: 100.0 * s["ok"] / s["count"] if s["count"] else None),
+        ("ttft p50 ms", lambda s: s["ttft_ms"]["p50"]),
+        ("ttft p99 ms", lambda s: s["ttft_ms"]["p99"]),
+        ("e2e p99 ms", lambda s: s["e2e_ms"]["p99"]),
+        ("tok/s", lambda s: s["goodput_tok_s"]),
+    )
+    for name in classes:
+        for label, pick in metrics:
+            cells = [
+                _fmt(pick(summary[name])) if name in summary else "-" for _, summary in summaries
+            ]
+            lines.append(f"{name[:10]:<10}{label:<14}" + "".join(f"{c:>10}" for c in cells))
+    return lines
+
+
+def format_tables(summaries: list[tuple[str, dict[str, dict[str, Any]]]]) -> str:
+    """One table per target, headed `[n] target`, then a side-by-side view when several."""
+    blocks: list[str] = []
+    for number, (target, summary) in enumerate(summaries, start=1):
+        label = f"[{number}] {target}" if len(summaries) > 1 else target
+        blocks.append("\n".join(_table(label, summary)))
+    if len(summaries) > 1:
+        blocks.append("\n".join(_comparison(summaries)))
+    return "\n\n".join(blocks) + "\n"
+
+
+def result_to_json(result: RequestResult) -> dict[str, Any]:
+    return {**dataclasses.asdict(result), "ok": result.ok}
+
+
+def runs_to_json(params: dict[str, Any], runs: Sequence[RunResult]) -> dict[str, Any]:
+    """Run parameters, then per target: summary and raw per-request results."""
+    return {
+        "params": params,
+        "runs": [
+            {
+                "target": run.target,
+                "wall_s": run.wall_s,
+                "run_tag": run.run_tag,
+                "summary": summarize_run(run),
+                "results": [result_to_json(r) for r in run.results],
+            }
+            for run in runs
+        ],
+    }
+
+
+def write_json(path: str | Path, params: dict[str, Any], runs: Sequence[RunResult]) -> None:
+    with open(path, "w") as f:
+        json.dump(runs_to_json(params, runs), f, indent=1)
+        f.write("\n")

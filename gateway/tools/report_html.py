@@ -1,0 +1,463 @@
+"""The `analyze --html` report: one self-contained file an SRE can open or attach at 2 a.m.
+
+Self-contained because incident write-ups get mailed, archived and opened on
+machines without network: CSS is inline and the plots are inline SVG, nothing
+is fetched. matplotlib is an optional extra (`llm-tail-gateway[report]`), so it
+is imported only inside `render`; the figures use matplotlib's object API
+(`Figure` + SVG output), which never loads a GUI backend or touches pyplot's
+global state, so it is as headless as Agg.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.tools.analyze import (
+    METRICS,
+    NO_LANE,
+    QUEUE_BOUND_SHARE,
+    VERDICT_RULE,
+    Record,
+    arrival_s,
+    end_s,
+    fmt_ms,
+    fmt_share,
+    lane_of,
+    number,
+    outcome_of,
+    queue_depth_series,
+    slowest,
+)
+
+#: The parts of a request's wait, in the colours every plot and card use.
+QUEUE_COLOUR = "#e6550d"
+BACKEND_COLOUR = "#3182bd"
+GATEWAY_COLOUR = "#a8a8a8"
+VERDICT_COLOUR = {"queueing": QUEUE_COLOUR, "backend": BACKEND_COLOUR, "unknown": "#777777"}
+LANE_COLOURS = ("#1b9e77", "#7570b3", "#d95f02", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
+#: Bars per lane in the "where did the time go" plot.
+SLOWEST_PLOTTED = 20
+#: Most points drawn per CDF line; the top of the distribution is always kept whole.
+CDF_POINTS = 1500
+
+
+def render(analysis: dict[str, Any], records: Sequence[Record], *, source: str = "") -> str:
+    """The whole HTML document as a string."""
+    import matplotlib
+
+    rc = {
+        "svg.fonttype": "none",  # real <text>: smaller files, crisp and searchable
+        "svg.hashsalt": "gateway-report",  # stable ids from run to run
+        "font.family": "sans-serif",
+        "font.size": 10,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+    }
+    lanes = list(analysis["lanes"])
+    colours = {lane: LANE_COLOURS[i % len(LANE_COLOURS)] for i, lane in enumerate(lanes)}
+    with matplotlib.rc_context(rc):
+        figures = [
+            (
+                "Where the slowest requests spent their time",
+                "Each bar is one request, slowest at the top; the ones above the dashed line "
+                f"are the slowest {100 * analysis['tail_fraction']:g}% that decide the verdict. "
+                "Time to first token when there was one, else end-to-end time (marked e2e).",
+                _svg(_tail_figure(analysis, records), "tail"),
+            ),
+            (
+                "Latency distribution per lane",
+                "Share of requests at or below each latency (log scale). TTFT: streamed "
+                "requests that got a first token; e2e: every request not refused at the door.",
+                _svg(_cdf_figure(lanes, records, colours), "cdf"),
+            ),
+            (
+                "Queue depth and refusals over time",
+                "Requests waiting in each lane's queue, rebuilt from each line's timestamp "
+                "(end) − e2e_ms (arrival) and queue_ms; below, requests that did not end ok, "
+                "by reason, at the time they ended.",
+                _svg(_timeline_figure(lanes, records, colours), "time"),
+            ),
+        ]
+    return _page(analysis, figures, source)
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    by_lane = _by_lane(records)
+    lanes = [lane for lane in analysis["lanes"] if analysis["lanes"][lane]["tail"]["size"]]
+    heights = [len(slowest(by_lane[lane], SLOWEST_PLOTTED)) for lane in lanes] or [1]
+    fig = Figure(figsize=(10, 1.0 + sum(0.24 * h + 0.7 for h in heights)), layout="constrained")
+    if not lanes:
+        _empty(fig.add_subplot(), "no request with a TTFT or e2e time")
+        return fig
+    axes = fig.subplots(len(lanes), 1, squeeze=False, height_ratios=heights)[:, 0]
+    for ax, lane in zip(axes, lanes, strict=True):
+        tail = analysis["lanes"][lane]["tail"]
+        bars = slowest(by_lane[lane], SLOWEST_PLOTTED)
+        ys = range(len(bars))
+        left = [0.0] * len(bars)
+        for part, colour in (
+            ("queue_ms", QUEUE_COLOUR),
+            ("backend_ms", BACKEND_COLOUR),
+            ("gateway_ms", GATEWAY_COLOUR),
+        ):
+            widths = [b[part] for b in bars]
+            ax.barh(ys, widths, left=left, color=colour, height=0.72)
+            left = [lo + w for lo, w in zip(left, widths, strict=True)]
+        ax.set_yticks(list(ys), [_bar_label(b) for b in bars], fontsize=8, family="monospace")
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(left) * 1.04 if max(left) > 0 else 1)
+        ax.tick_params(axis="y", length=0)
+        if tail["size"] < len(bars):
+            ax.axhline(tail["size"] - 0.5, color="#333333", linestyle="--", linewidth=1)
+        verdict = tail["verdict"] or "unknown"
+        ax.set_title(
+            f"{lane}: {tail['verdict_text']}   (queue {fmt_share(tail['queue_vs_backend'])} "
+            "of queue + backend)",
+            loc="left",
+            fontsize=11,
+            fontweight="bold",
+            color=VERDICT_COLOUR[verdict],
+        )
+        ax.set_xlabel("ms")
+    fig.legend(
+        handles=[
+            Patch(color=QUEUE_COLOUR, label="queued in the gateway"),
+            Patch(color=BACKEND_COLOUR, label="backend (dispatch → first token / end)"),
+            Patch(color=GATEWAY_COLOUR, label="gateway (admission, refusal)"),
+        ],
+        loc="outside upper center",
+        ncols=3,
+        frameon=False,
+    )
+    return fig
+
+
+def _bar_label(item: dict[str, Any]) -> str:
+    rid = str(item["request_id"] or "?")[:10]
+    notes = [] if item["outcome"] == "ok" else [item["outcome"]]
+    if item["measure"] == "e2e_ms":
+        notes.append("e2e")
+    return f"{rid} {' '.join(notes)}".strip()
+
+
+def _cdf_figure(lanes: list[str], records: Sequence[Record], colours: dict[str, str]) -> Any:
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    by_lane = _by_lane(records)
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    panels = (
+        ("ttft_ms", "time to first token (ms)", lambda r: True),
+        ("e2e_ms", "end to end (ms)", lambda r: not outcome_of(r).startswith("rejected_")),
+    )
+    for ax, (metric, label, keep) in zip(axes, panels, strict=True):
+        lows, highs = [], []
+        for lane in lanes:
+            values = sorted(
+                v for r in by_lane[lane] if keep(r) and (v := number(r, metric)) is not None
+            )
+            if not values:
+                continue
+            xs, ys = _cdf_points(values)
+            lows.append(ys[0])
+            highs.append(ys[-1])
+            p99 = _nearest_rank(values, 0.99)
+            ax.plot(
+                [max(x, 0.01) for x in xs],
+                ys,
+                color=colours[lane],
+                linewidth=2,
+                label=f"{lane}  n={len(values)}  P99≈{fmt_ms(p99)} ms",
+            )
+        ax.set_xlabel(label)
+        if not lows:
+            _empty(ax, f"no {metric} values")
+            continue
+        ax.set_xscale("log")
+        ax.set_yscale("logit")
+        bottom, top = min(min(lows), 0.1), max(highs)
+        ax.set_ylim(bottom, top)
+        ticks = [t for t in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if bottom <= t <= top]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.set_yticklabels([f"P{100 * t:g}" for t in ticks])
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.grid(True, which="major", color="#dddddd", linewidth=0.8)
+        ax.legend(loc="upper left", fontsize=8, frameon=False)
+    return fig
+
+
+def _cdf_points(values: list[float]) -> tuple[list[float], list[float]]:
+    """Points of the empirical CDF (Hazen positions, never 0 or 1 for the logit axis).
+
+    Long logs are thinned evenly, but the top of the distribution (the tail this
+    report is about) is kept point for point.
+    """
+    n = len(values)
+    keep = set(range(max(0, n - CDF_POINTS // 2), n))
+    step = max(1, n // (CDF_POINTS // 2))
+    keep.update(range(0, n, step))
+    index = sorted(keep)
+    return [values[i] for i in index], [(i + 0.5) / n for i in index]
+
+
+def _nearest_rank(values: list[float], q: float) -> float:
+    """Only for legend labels; the report's percentiles come from gateway.tools.stats."""
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def _timeline_figure(lanes: list[str], records: Sequence[Record], colours: dict[str, str]) -> Any:
+    from matplotlib.figure import Figure
+
+    by_lane = _by_lane(records)
+    starts = [t for t in map(arrival_s, records) if t is not None]
+    starts += [t for t in map(end_s, records) if t is not None]
+    fig = Figure(figsize=(10, 5.2), layout="constrained")
+    depth_ax, refused_ax = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    if not starts:
+        _empty(depth_ax, "no timestamps in the log")
+        return fig
+    origin = min(starts)
+    span = max(starts) - origin or 1.0
+    for lane in lanes:
+        series = queue_depth_series(by_lane[lane])
+        if not series:
+            continue
+        xs = [t - origin for t, _ in series]
+        ys = [d for _, d in series]
+        depth_ax.step([0.0, *xs], [0, *ys], where="post", color=colours[lane], label=lane)
+    depth_ax.set_ylabel("requests queued")
+    depth_ax.set_ylim(bottom=0)
+    depth_ax.grid(True, axis="y", color="#eeeeee")
+    if depth_ax.get_lines():
+        depth_ax.legend(loc="upper right", frameon=False, fontsize=8)
+
+    ends: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        moment = end_s(record)
+        if moment is not None and outcome_of(record) != "ok":
+            label = outcome_of(record)
+            if lane_of(record) != NO_LANE and len(lanes) > 1:
+                label = f"{lane_of(record)}: {label}"
+            ends[label].append(moment - origin)
+    bins = 60 if span > 60 else max(10, int(span * 2))
+    edges = [span * i / bins for i in range(bins + 1)]
+    if ends:
+        labels = sorted(ends, key=lambda k: -len(ends[k]))
+        refused_ax.hist([ends[k] for k in labels], bins=edges, stacked=True, label=labels)
+        refused_ax.legend(loc="upper right", frameon=False, fontsize=8)
+    else:
+        _empty(refused_ax, "no rejections, timeouts or errors")
+    refused_ax.set_ylabel(f"not ok per {span / bins:.2g} s")
+    refused_ax.set_xlabel("seconds since the first arrival in the log")
+    refused_ax.set_xlim(0, span)
+    return fig
+
+
+def _empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#777777")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _by_lane(records: Sequence[Record]) -> dict[str, list[Record]]:
+    out: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        out[lane_of(record)].append(record)
+    return out
+
+
+def _svg(fig: Any, scope: str) -> str:
+    """The figure as an inline <svg> that scales with the page and cannot clash with others.
+
+    matplotlib names clip paths and glyphs by id; several inline SVGs in one page
+    share one id space, so every id gets the figure's prefix.
+    """
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
+    text = re.sub(
+        r'<svg([^>]*?)\swidth="[^"]*"\sheight="[^"]*"',
+        rf'<svg\1 width="100%" role="img" class="plot" id="{scope}"',
+        text,
+        count=1,
+    )
+    text = re.sub(r'\bid="([^"]+)"', lambda m: _scoped_id(m, scope), text)
+    text = re.sub(r"url\(#([^)]+)\)", rf"url(#{scope}-\1)", text)
+    return re.sub(r'href="#([^"]+)"', rf'href="#{scope}-\1"', text)
+
+
+def _scoped_id(match: re.Match[str], scope: str) -> str:
+    name = match.group(1)
+    return f'id="{name}"' if name == scope else f'id="{scope}-{name}"'
+
+
+# ----------------------------------------------------------------------------- page
+
+
+CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       margin: 0 auto; max-width: 1100px; padding: 24px; color: #222; background: #fff; }
+h1 { font-size: 24px; margin: 0 0 4px; }
+h2 { font-size: 19px; margin: 36px 0 6px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.meta, .note { color: #555; font-size: 13px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(330px, 1fr)); gap: 14px;
+         margin-top: 18px; }
+.card { border: 1px solid #ddd; border-left: 10px solid var(--c); border-radius: 6px;
+        padding: 12px 16px; }
+.card .lane { font-size: 14px; color: #555; text-transform: uppercase; letter-spacing: .04em; }
+.card .verdict { font-size: 21px; font-weight: 700; color: var(--c); margin: 2px 0; }
+.card .action { font-size: 16px; font-weight: 600; margin-bottom: 8px; }
+.card .split { display: flex; height: 16px; border-radius: 3px; overflow: hidden;
+               margin: 6px 0 8px; background: #eee; }
+.card .why { font-size: 13.5px; }
+.card .why b { font-variant-numeric: tabular-nums; }
+.legend span { display: inline-block; width: 10px; height: 10px; margin: 0 4px 0 10px; }
+table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums;
+        margin-top: 8px; }
+th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; }
+th:first-child, td:first-child, td.text, th.text { text-align: left; }
+th { background: #f6f6f6; }
+tr.lane td { font-weight: 700; background: #fafafa; }
+svg.plot { height: auto; display: block; margin-top: 8px; }
+"""
+
+
+def _page(analysis: dict[str, Any], figures: list[tuple[str, str, str]], source: str) -> str:
+    e = html.escape
+    window = analysis.get("window")
+    when = f"{window['start']} → {window['end']} ({window['seconds']:.1f} s)" if window else ""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>Gateway tail latency: {e(source)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>Is P99 slow because of queueing or because of the model?</h1>",
+        f'<div class="meta">{e(source)} · {analysis["requests"]} requests · '
+        f"{analysis['skipped_lines']} other lines skipped · {e(when)}</div>",
+        '<div class="cards">',
+        *(_card(lane, data, analysis["tail_fraction"]) for lane, data in analysis["lanes"].items()),
+        "</div>",
+        f'<p class="note">Verdict from the slowest {100 * analysis["tail_fraction"]:g}% of '
+        f"each lane: {e(VERDICT_RULE)}. Queue time is queue_ms; backend time is "
+        "backend_ttft_ms (dispatch → first token), or dispatch → end for requests without a "
+        "first token; gateway time is the rest (admission, refusals).</p>",
+    ]
+    if not analysis["lanes"]:
+        parts.append('<p class="note">No request lines (event == "request") in the input.</p>')
+    for title, note, svg in figures:
+        parts += [f"<h2>{e(title)}</h2>", f'<p class="note">{e(note)}</p>', svg]
+    parts += [
+        "<h2>Latency per lane and outcome (ms)</h2>",
+        _latency_table(analysis),
+        "<h2>Rejections, timeouts and errors</h2>",
+        _failure_table(analysis),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
+    e = html.escape
+    tail = data["tail"]
+    kind = tail["verdict"] or "unknown"
+    label, _, action = (tail["verdict_text"] or "no verdict").partition(" → ")
+    ok = data["outcomes"].get("ok", {}).get("latency", {})
+    p99_ttft = ok.get("ttft_ms", {}).get("p99")
+    p99_e2e = ok.get("e2e_ms", {}).get("p99")
+    failed = sum(f["count"] for f in data["failures"])
+    if not tail["size"]:
+        split = why = ""
+    else:
+        split = '<div class="split">' + "".join(
+            f'<div style="width:{100 * (tail[share] or 0):.1f}%;background:{colour}"></div>'
+            for share, colour in (
+                ("queue_share", QUEUE_COLOUR),
+                ("backend_share", BACKEND_COLOUR),
+                ("gateway_share", GATEWAY_COLOUR),
+            )
+        )
+        split += "</div>"
+        measures = ", ".join(
+            f"{n}× {'TTFT' if m == 'ttft_ms' else 'e2e'}" for m, n in tail["measures"].items()
+        )
+        why = (
+            f"Slowest {100 * fraction:g}% = {tail['size']} of {tail['ranked']} requests "
+            f"({e(measures)}), mean <b>{fmt_ms(tail['mean_total_ms'])} ms</b>: "
+            f'<span style="color:{QUEUE_COLOUR}">queue <b>{fmt_ms(tail["mean_queue_ms"])} ms'
+            f"</b> ({fmt_share(tail['queue_share'])})</span>, "
+            f'<span style="color:{BACKEND_COLOUR}">backend <b>'
+            f"{fmt_ms(tail['mean_backend_ms'])} ms</b> ({fmt_share(tail['backend_share'])})"
+            f"</span>, gateway {fmt_ms(tail['mean_gateway_ms'])} ms. Queue holds "
+            f"<b>{fmt_share(tail['queue_vs_backend'])}</b> of queue + backend "
+            f"(threshold {QUEUE_BOUND_SHARE:.0%}).<br>"
+        )
+    why += (
+        f"{data['requests']} requests · ok P99 TTFT <b>{fmt_ms(p99_ttft)} ms</b> · "
+        f"ok P99 e2e <b>{fmt_ms(p99_e2e)} ms</b> · not ok <b>{failed}</b> "
+        f"({100 * failed / data['requests']:.1f}%)"
+    )
+    return (
+        f'<div class="card" style="--c:{VERDICT_COLOUR[kind]}">'
+        f'<div class="lane">lane {e(lane)}</div>'
+        f'<div class="verdict">{e(label)}</div>'
+        f'<div class="action">→ {e(action) if action else "look at the tables below"}</div>'
+        f'{split}<div class="why">{why}</div></div>'
+    )
+
+
+def _latency_table(analysis: dict[str, Any]) -> str:
+    e = html.escape
+    head = "".join(f'<th colspan="3">{m}</th>' for m in METRICS)
+    sub = "".join("<th>p50</th><th>p95</th><th>p99</th>" for _ in METRICS)
+    rows = [
+        "<table><thead>",
+        f'<tr><th class="text" rowspan="2">lane / outcome</th><th rowspan="2">n</th>{head}</tr>',
+        f"<tr>{sub}</tr></thead><tbody>",
+    ]
+    for lane, data in analysis["lanes"].items():
+        rows.append(f'<tr class="lane"><td colspan="{2 + 3 * len(METRICS)}">{e(lane)}</td></tr>')
+        for outcome, stats in data["outcomes"].items():
+            cells = "".join(
+                f"<td>{fmt_ms(stats['latency'][m][q])}</td>"
+                for m in METRICS
+                for q in ("p50", "p95", "p99")
+            )
+            rows.append(f"<tr><td>&nbsp;&nbsp;{e(outcome)}</td><td>{stats['count']}</td>{cells}</tr>")
+    rows.append("</tbody></table>")
+    return "\n".join(rows)
+
+
+def _failure_table(analysis: dict[str, Any]) -> str:
+    e = html.escape
+    rows = [
+        (lane, failure, data["requests"])
+        for lane, data in analysis["lanes"].items()
+        for failure in data["failures"]
+    ]
+    if not rows:
+        return '<p class="note">None: every request ended ok.</p>'
+    body = "".join(
+        f"<tr><td>{e(lane)}</td><td class='text'>{e(f['reason'])}</td><td>{f['count']}</td>"
+        f"<td>{total}</td><td>{f['percent']:.1f}%</td></tr>"
+        for lane, f, total in rows
+    )
+    return (
+        '<table><thead><tr><th class="text">lane</th><th class="text">reason</th>'
+        "<th>count</th><th>lane requests</th><th>% of lane</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
