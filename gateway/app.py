@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import TextIO
 
@@ -11,12 +12,13 @@ from aiohttp import web
 
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
-from gateway.http import openai, ops
+from gateway.http import openai, ops, tgi
 from gateway.http.middleware import error_envelope
 from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.metrics import GatewayMetrics
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
+from gateway.upstream.health import HealthMonitor
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
 
@@ -32,9 +34,15 @@ def build_app(
         encoding or load_encoding(settings.tokenizer.encoding),
         offload_min_chars=settings.tokenizer.offload_min_chars,
     )
-    pool = BackendPool([Backend.from_settings(b) for b in settings.backends])
+    pool = BackendPool(
+        [Backend.from_settings(b) for b in settings.backends],
+        lane_backends={lane.name: lane.backends for lane in settings.lanes},
+        health=settings.health,
+        clock=time.monotonic,
+    )
     slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}
     scheduler = Scheduler(settings.lanes, slot_limits, pool)
+    pool.on_available = scheduler.notify_capacity
     metrics = GatewayMetrics()
     metrics.watch(scheduler, pool)
     state = GatewayState(
@@ -46,6 +54,7 @@ def build_app(
         request_log=RequestLog(log_stream),
         upstream=UpstreamClient(settings.timeouts),
         events=make_logger(sys.stderr, settings.logging.level),
+        health=HealthMonitor(pool, settings.health),
     )
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -56,6 +65,9 @@ def build_app(
     app.router.add_post("/v1/chat/completions", openai.chat_completions)
     app.router.add_post("/v1/completions", openai.completions)
     app.router.add_get("/v1/models", openai.models)
+    app.router.add_post("/generate", tgi.generate)
+    app.router.add_post("/generate_stream", tgi.generate_stream)
+    app.router.add_get("/info", tgi.info)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
@@ -65,6 +77,8 @@ def build_app(
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[GATEWAY]
     await state.upstream.start()
+    await state.health.start()
     yield
+    await state.health.stop()
     await state.upstream.close()
     state.counter.close()

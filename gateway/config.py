@@ -61,11 +61,17 @@ class LimitsSettings:
 class BackendSettings:
     url: str = ""
     name: str = ""
+    #: Relative capacity: balancing divides outstanding tokens by it.
+    weight: float = 1.0
     #: Requests the gateway lets run at once on this backend (its slots).
     max_concurrency: int = 8
     #: Prompt tokens this backend may be prefilling at once (dispatched, no first byte
     #: yet); a bigger prompt goes alone. 0: no limit.
     max_prefill_tokens: int = 4096
+    #: Sent to this backend as `Authorization: Bearer ...` (the client's own never is).
+    api_key: str | None = None
+    #: Put the lane's priority in the body's `priority` (vLLM --scheduling-policy priority).
+    priority_field: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +93,8 @@ class LaneSettings:
     promote_after_s: float | None = None
     #: Refuse at once (429 wait_too_long) when the predicted wait exceeds queue_timeout_s.
     reject_predicted_wait: bool = True
+    #: Names of the backends this lane may use; None: all of them.
+    backends: list[str] | None = None
 
 
 @dataclass(slots=True)
@@ -101,6 +109,19 @@ class TimeoutSettings:
     #: Pooled keep-alive connections are dropped after this long idle; keep it below the
     #: backend's own keep-alive (llama.cpp's server closes idle connections after 5 s).
     pool_idle_s: float = 4.0
+
+
+@dataclass(slots=True)
+class HealthSettings:
+    #: Active checks: GET <backend url><path> every interval_s, failing after timeout_s.
+    path: str = "/health"
+    interval_s: float = 5.0
+    timeout_s: float = 2.0
+    #: Passive checks: this many consecutive failures (connect errors, 5xx, first-token
+    #: timeouts) eject a backend for eject_base_s, doubling on each repeat up to eject_max_s.
+    failures_to_eject: int = 3
+    eject_base_s: float = 5.0
+    eject_max_s: float = 120.0
 
 
 @dataclass(slots=True)
@@ -136,6 +157,7 @@ class Settings:
     backends: list[BackendSettings] = field(default_factory=list)
     lanes: list[LaneSettings] = field(default_factory=default_lanes)
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
+    health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,10 +167,19 @@ class Settings:
     def total_slots(self) -> int:
         return sum(b.max_concurrency for b in self.backends)
 
+    def lane_backends(self, lane: LaneSettings) -> list[BackendSettings]:
+        if lane.backends is None:
+            return list(self.backends)
+        return [b for b in self.backends if b.name in lane.backends]
+
     def lane_slot_limit(self, lane: LaneSettings) -> int:
-        """Slots a lane may hold: its absolute and its share limit, at least one."""
+        """Slots a lane may hold: its absolute and its share limit, at least one.
+
+        The share is of the slots of the backends the lane may use.
+        """
+        slots = sum(b.max_concurrency for b in self.lane_backends(lane))
         # round first: 90 * 0.7 is 62.999... in binary floating point
-        by_share = math.floor(round(self.total_slots * lane.max_slot_share, 9))
+        by_share = math.floor(round(slots * lane.max_slot_share, 9))
         limit = by_share if lane.max_slots is None else min(lane.max_slots, by_share)
         return max(1, limit)
 
@@ -158,6 +189,7 @@ TABLES: dict[str, type] = {
     "tokenizer": TokenizerSettings,
     "limits": LimitsSettings,
     "timeouts": TimeoutSettings,
+    "health": HealthSettings,
     "logging": LoggingSettings,
 }
 ARRAYS: dict[str, type] = {"backends": BackendSettings, "lanes": LaneSettings}
@@ -260,8 +292,20 @@ def _coerce(value: Any, hint: Any, where: str, *, from_text: bool) -> Any:
             if isinstance(value, str):
                 return value
             raise ValueError
+        if typing.get_origin(base) is list:
+            if from_text:
+                return [item.strip() for item in value.split(",") if item.strip()]
+            if isinstance(value, list) and all(isinstance(item, str) for item in value):
+                return list(value)
+            raise ValueError
     except ValueError:
-        kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+        kind = {
+            bool: "true or false",
+            int: "an integer",
+            float: "a number",
+            str: "a string",
+            list[str]: "an array of strings",
+        }
         raise ConfigError(f"{where}: expected {kind.get(base, base)}, got {value!r}") from None
     raise ConfigError(f"{where}: unsupported setting type")
 
@@ -394,6 +438,7 @@ def validate(settings: Settings) -> None:
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"{where}.url: expected http(s)://host:port, got {backend.url!r}")
         _positive(f"{where}.max_concurrency", backend.max_concurrency)
+        _positive(f"{where}.weight", backend.weight)
         if backend.max_prefill_tokens < 0:
             raise ConfigError(f"{where}.max_prefill_tokens: must be >= 0 (0: no limit)")
         if backend.name in seen_backends:
@@ -423,9 +468,24 @@ def validate(settings: Settings) -> None:
             raise ConfigError(f"{where}.max_queue_depth: must be >= 0")
         if lane.promote_after_s is not None:
             _positive(f"{where}.promote_after_s", lane.promote_after_s)
+        if lane.backends is not None:
+            unknown = sorted(set(lane.backends) - seen_backends)
+            if unknown and s.backends:
+                raise ConfigError(
+                    f"{where}.backends: no backend named {', '.join(unknown)} "
+                    f"(backends: {', '.join(sorted(seen_backends))})"
+                )
+            if not lane.backends:
+                raise ConfigError(f"{where}.backends: must name at least one backend")
     timeouts = dataclasses.asdict(s.timeouts)
     for key, value in timeouts.items():
         _positive(f"[timeouts].{key}", value)
+    health = s.health
+    for key in ("interval_s", "timeout_s", "eject_base_s", "eject_max_s"):
+        _positive(f"[health].{key}", getattr(health, key))
+    _positive("[health].failures_to_eject", health.failures_to_eject)
+    if not health.path.startswith("/"):
+        raise ConfigError(f"[health].path: must start with '/', got {health.path!r}")
     if s.logging.level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError("[logging].level: must be debug, info, warning or error")
 
@@ -470,6 +530,8 @@ def consistency_warnings(settings: Settings) -> list[str]:
             f"the last lane ({last.name}) admits outputs up to {last.max_output_tokens} tokens, "
             f"below [limits].max_output_tokens: larger budgets fit no lane"
         )
+    if s.health.timeout_s >= s.health.interval_s:
+        warnings.append("[health].timeout_s >= interval_s: health checks would overlap")
     if s.timeouts.first_token_s >= s.timeouts.total_s:
         warnings.append("[timeouts].first_token_s >= total_s: the first-token timeout never fires")
     if s.timeouts.pool_idle_s >= 5.0:

@@ -13,6 +13,7 @@ from gateway.observability.logs import RequestLog
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import RequestRecord
 from gateway.scheduling.scheduler import Scheduler
+from gateway.upstream.health import HealthMonitor
 from gateway.upstream.pool import BackendPool
 from gateway.upstream.relay import UpstreamClient
 
@@ -28,6 +29,7 @@ class GatewayState:
     upstream: UpstreamClient
     #: The gateway's own lifecycle and error events (stderr), as opposed to request lines.
     events: Any
+    health: HealthMonitor
 
     def finish(self, record: RequestRecord) -> None:
         """Every request ends here exactly once: its log line and its metrics."""

@@ -17,14 +17,22 @@ from gateway.admission.limits import (
     check_prompt,
     decide_output_budget,
     read_n,
+    read_positive_int,
     requested_max_tokens,
 )
-from gateway.admission.tokens import TokenCounter, chat_prompt_parts, completion_prompt_parts
+from gateway.admission.tokens import (
+    PromptParts,
+    TokenCounter,
+    chat_prompt_parts,
+    completion_prompt_parts,
+)
 from gateway.config import LaneSettings, Settings
 from gateway.errors import GatewayError, invalid_request
 
 CHAT = "chat"
 COMPLETION = "completion"
+#: Hugging Face TGI's native API (`/generate`, `/generate_stream`).
+TGI = "tgi"
 
 
 @dataclass(slots=True)
@@ -98,9 +106,39 @@ async def measure_openai(
     )
 
 
+async def measure_tgi(
+    body: dict[str, Any], stream: bool, settings: Settings, counter: TokenCounter
+) -> RequestShape:
+    """Validate a TGI `/generate` or `/generate_stream` body and count it."""
+    inputs = body.get("inputs")
+    if not isinstance(inputs, str):
+        raise invalid_request("'inputs' must be a string", "inputs")
+    parameters = body.get("parameters")
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise invalid_request("'parameters' must be an object", "parameters")
+    requested = read_positive_int(parameters, "max_new_tokens")
+    best_of = read_n(parameters, settings.limits, "best_of")
+    size = await counter.measure_async(PromptParts(texts=[inputs]))
+    return RequestShape(
+        kind=TGI,
+        body=body,
+        model=None,
+        stream=stream,
+        prompt_tokens=size.total,
+        longest_prompt_tokens=size.longest,
+        requested_max_tokens=requested,
+        max_tokens_fields=("max_new_tokens",),
+        n=best_of,
+        prompt_count=1,
+        client_wants_usage=False,
+    )
+
+
 def admit(shape: RequestShape, settings: Settings) -> Admission:
     """Apply the caps, choose the lane and shape the backend body; GatewayError if refused."""
-    prompt_param = "messages" if shape.kind == CHAT else "prompt"
+    prompt_param = {CHAT: "messages", COMPLETION: "prompt", TGI: "inputs"}[shape.kind]
     check_prompt(shape.prompt_tokens, settings.limits, prompt_param)
     budget = decide_output_budget(
         shape.requested_max_tokens,
@@ -121,6 +159,11 @@ def admit(shape: RequestShape, settings: Settings) -> Admission:
             param=prompt_param,
         )
     backend_body = dict(shape.body)
+    if shape.kind == TGI:
+        parameters = dict(shape.body.get("parameters") or {})
+        parameters["max_new_tokens"] = budget.max_tokens
+        backend_body["parameters"] = parameters
+        return Admission(budget=budget, lane=lane, backend_body=backend_body)
     for field_name in shape.max_tokens_fields or ("max_tokens",):
         backend_body[field_name] = budget.max_tokens
     if shape.stream:

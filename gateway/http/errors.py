@@ -34,6 +34,14 @@ def error_response(error: GatewayError, headers: Mapping[str, str] | None = None
     )
 
 
-def error_event(error: GatewayError) -> bytes:
-    """The last event of a stream that failed after it had started."""
-    return b"data: " + json.dumps(envelope(error)).encode() + b"\n\n"
+def error_event(error: GatewayError, stream_format: str = "openai") -> bytes:
+    """The last event of a stream that failed after it had started.
+
+    TGI clients (huggingface_hub) read a TGI stream's error as a string with an
+    `error_type`, so TGI streams get TGI's shape; OpenAI streams the envelope.
+    """
+    if stream_format == "tgi":
+        payload: object = {"error": error.message, "error_type": error.code}
+    else:
+        payload = envelope(error)
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"

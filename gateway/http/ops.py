@@ -14,11 +14,13 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready to take traffic: the tokenizer is loaded and a backend is configured."""
+    """Ready to take traffic: the tokenizer is loaded and a backend is available."""
     state = request.app[GATEWAY]
-    if not state.pool.backends:
-        return web.json_response({"status": "not_ready", "reason": "no backend"}, status=503)
-    return web.json_response({"status": "ready", "backends": len(state.pool.backends)})
+    if not state.pool.has_available():
+        reason = "no healthy backend" if state.pool.backends else "no backend configured"
+        return web.json_response({"status": "not_ready", "reason": reason}, status=503)
+    available = [b.name for b in state.pool.backends if b.available(state.pool.clock())]
+    return web.json_response({"status": "ready", "backends": available})
 
 
 async def metrics(request: web.Request) -> web.Response:

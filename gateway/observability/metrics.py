@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.observability.record import RequestRecord
@@ -127,7 +127,7 @@ class _LiveGauges(Collector):
         self.scheduler = scheduler
         self.pool = pool
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         depth = GaugeMetricFamily(
             "gateway_queue_depth", "Requests waiting, by lane.", labels=["lane"]
         )
@@ -152,8 +152,29 @@ class _LiveGauges(Collector):
             "Prompt tokens sent to a backend that has not answered their first byte yet.",
             labels=["backend"],
         )
+        outstanding = GaugeMetricFamily(
+            "gateway_backend_outstanding_tokens",
+            "Prompt + max_tokens of the requests in flight, by backend (what balancing uses).",
+            labels=["backend"],
+        )
+        available = GaugeMetricFamily(
+            "gateway_backend_available",
+            "1 when the backend passes its health checks and is not ejected.",
+            labels=["backend"],
+        )
+        ejections = CounterMetricFamily(
+            "gateway_backend_ejections",
+            "Times a backend was ejected after consecutive failures.",
+            labels=["backend"],
+        )
+        now = self.pool.clock()
         for backend in self.pool.backends:
-            backend_in_flight.add_metric([backend.name], backend.in_flight)
-            backend_slots.add_metric([backend.name], backend.max_concurrency)
-            prefilling.add_metric([backend.name], backend.prefilling_tokens)
+            name = [backend.name]
+            backend_in_flight.add_metric(name, backend.in_flight)
+            backend_slots.add_metric(name, backend.max_concurrency)
+            prefilling.add_metric(name, backend.prefilling_tokens)
+            outstanding.add_metric(name, backend.outstanding_tokens)
+            available.add_metric(name, 1 if backend.available(now) else 0)
+            ejections.add_metric(name, backend.ejections)
         yield from (depth, in_flight, limit, backend_in_flight, backend_slots, prefilling)
+        yield from (outstanding, available, ejections)

@@ -33,6 +33,8 @@ class RequestRecord:
     max_tokens_requested: int | None = None
     max_tokens: int | None = None
     completion_tokens: int | None = None
+    #: Backends tried: 2 when the first failed before its first byte and it was retried.
+    attempts: int = 0
     #: When the request joined its lane's queue (after admission).
     enqueued: float | None = None
     #: When it got a slot and was sent to the backend.
@@ -83,6 +85,7 @@ class RequestRecord:
             "max_tokens_requested": self.max_tokens_requested,
             "max_tokens": self.max_tokens,
             "completion_tokens": self.completion_tokens,
+            "attempts": self.attempts,
             "queue_ms": self.queue_ms,
             "backend_ttft_ms": self.backend_ttft_ms,
             "ttft_ms": self.ttft_ms,

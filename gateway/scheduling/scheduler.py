@@ -32,8 +32,10 @@ MAX_RETRY_AFTER_S = 60
 class SlotSource(Protocol):
     """Where slots come from (the backend pool)."""
 
-    def try_take(self, lane: str, prompt_tokens: int) -> Any | None:
-        """Take a slot for a request of `lane`, or None when none is free for it."""
+    def try_take(
+        self, lane: str, prompt_tokens: int, output_tokens: int = 0, exclude: Any = None
+    ) -> Any | None:
+        """A slot for a request of `lane` (not on the backend of slot `exclude`), or None."""
 
     def prefill_done(self, slot: Any) -> None:
         """The request's prompt is no longer in prefill (its first byte came back)."""
@@ -57,6 +59,7 @@ class Grant:
 class _Waiter:
     enqueued_at: float
     prompt_tokens: int
+    output_tokens: int
     future: asyncio.Future[Grant]
     timer: asyncio.TimerHandle | None = None
 
@@ -120,7 +123,7 @@ class Scheduler:
             wait = lane.hold_ewma_s or 1.0
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait)))
 
-    async def acquire(self, name: str, prompt_tokens: int = 0) -> Grant:
+    async def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> Grant:
         """Wait for a slot in lane `name`; raise GatewayError when refused or timed out.
 
         Cancelling the caller (client went away) leaves the queue at once.
@@ -149,7 +152,7 @@ class Scheduler:
                     retry_after_s=self._retry_after(lane),
                 )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(now, prompt_tokens, loop.create_future())
+        waiter = _Waiter(now, prompt_tokens, output_tokens, loop.create_future())
         lane.queue.append(waiter)
         self._dispatch()
         if waiter.future.done():
@@ -215,6 +218,16 @@ class Scheduler:
             self._source.prefill_done(grant.slot)
             self._dispatch()
 
+    def reassign(self, grant: Grant, prompt_tokens: int, output_tokens: int) -> bool:
+        """Move a held grant to a slot on another backend at once (a retry); False if none."""
+        slot = self._source.try_take(grant.lane, prompt_tokens, output_tokens, exclude=grant.slot)
+        if slot is None:
+            return False
+        self._source.give_back(grant.slot)
+        grant.slot = slot
+        self._dispatch()
+        return True
+
     def notify_capacity(self) -> None:
         """Slots appeared outside of `release` (a backend came back): serve the queues."""
         self._dispatch()
@@ -244,7 +257,8 @@ class Scheduler:
             key=lambda lane: lane.queue[0].enqueued_at,
         )
         for lane in promoted + [lane for lane in ready if lane not in promoted]:
-            slot = self._source.try_take(lane.name, lane.queue[0].prompt_tokens)
+            head = lane.queue[0]
+            slot = self._source.try_take(lane.name, head.prompt_tokens, head.output_tokens)
             if slot is None:
                 continue
             waiter = lane.queue.popleft()

@@ -22,10 +22,12 @@ from gateway.errors import GatewayError
 from gateway.http.errors import error_event
 from gateway.observability.record import RequestRecord
 from gateway.upstream.pool import Backend
-from gateway.upstream.sse import OpenAIStreamWatcher
+from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, TgiStreamWatcher
 
 #: Error bodies from a backend are passed through; bigger ones are cut here.
 MAX_ERROR_BODY_BYTES = 64 * 1024
+#: Backend answers that mean "not now, try another server" (before any byte reached the client).
+RETRYABLE_STATUSES = frozenset({502, 503})
 STREAM_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -102,13 +104,21 @@ class UpstreamClient:
             raise _unreachable(backend, exc) from None
 
 
-def _unreachable(backend: Backend, exc: BaseException) -> GatewayError:
-    return GatewayError(
-        502,
-        "backend_error",
-        f"Backend {backend.name} is unreachable ({type(exc).__name__}).",
-        outcome="backend_error",
-    )
+class BackendFailure(GatewayError):
+    """The backend failed before anything reached the client: safe to retry elsewhere.
+
+    `passthrough` is the backend's own answer (a 502/503) to give the client
+    when no retry is possible; without it the client gets this error's envelope.
+    """
+
+    def __init__(self, message: str, passthrough: web.Response | None = None) -> None:
+        status = passthrough.status if passthrough is not None else 502
+        super().__init__(status, "backend_error", message, outcome="backend_error")
+        self.passthrough = passthrough
+
+
+def _unreachable(backend: Backend, exc: BaseException) -> BackendFailure:
+    return BackendFailure(f"Backend {backend.name} is unreachable ({type(exc).__name__}).")
 
 
 class Watchdog:
@@ -188,6 +198,8 @@ class RelayPlan:
     stream: bool
     #: Remove the usage-only chunk the gateway asked for but the client did not.
     strip_usage: bool
+    #: "openai" (chat/completions chunks, [DONE]) or "tgi" (/generate_stream events).
+    stream_format: str
     #: Headers the client gets (request id, lane, caps, queue time).
     response_headers: dict[str, str]
     #: Called once when the backend's first byte arrives (its prefill is over).
@@ -229,7 +241,7 @@ async def relay(
             raise error from None
         record.outcome = error.outcome
         record.error_code = error.code
-        await _end_with_error(client_response, error)
+        await _end_with_error(client_response, error, plan.stream_format)
         return client_response
     finally:
         watchdog.stop()
@@ -254,21 +266,30 @@ async def _relay_body(
     now = asyncio.get_running_loop().time()
     record.first_byte = now
     record.status = status
+    headers = dict(plan.response_headers)
+    headers["Content-Type"] = backend_response.headers.get("Content-Type", "application/json")
+    response = web.Response(status=status, body=body, headers=headers)
     if status < 300:
         record.outcome = "ok"
-        record.completion_tokens = _usage_completion_tokens(body)
+        record.completion_tokens = _completion_tokens(body, plan.stream_format)
     else:
         record.outcome = "backend_error" if status >= 500 else "backend_rejected"
         record.error_code = f"backend_{status}"
-    headers = dict(plan.response_headers)
-    headers["Content-Type"] = backend_response.headers.get("Content-Type", "application/json")
-    return web.Response(status=status, body=body, headers=headers)
+    if status in RETRYABLE_STATUSES:
+        raise BackendFailure(f"Backend {plan.backend.name} answered {status}.", response)
+    return response
 
 
-def _usage_completion_tokens(body: bytes) -> int | None:
+def _completion_tokens(body: bytes, stream_format: str) -> int | None:
+    """From an OpenAI body's `usage`, or a TGI body's `details.generated_tokens`."""
+    outer, key = (
+        ("details", "generated_tokens")
+        if stream_format == "tgi"
+        else ("usage", "completion_tokens")
+    )
     try:
-        usage = json.loads(body).get("usage")
-        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        section = json.loads(body).get(outer)
+        tokens = section.get(key) if isinstance(section, dict) else None
     except (ValueError, AttributeError):
         return None
     return tokens if type(tokens) is int else None
@@ -283,7 +304,11 @@ async def _relay_stream(
     watchdog: Watchdog,
     loop: asyncio.AbstractEventLoop,
 ) -> web.StreamResponse:
-    watcher = OpenAIStreamWatcher(strip_usage=plan.strip_usage)
+    watcher: StreamWatcher
+    if plan.stream_format == "tgi":
+        watcher = TgiStreamWatcher()
+    else:
+        watcher = OpenAIStreamWatcher(strip_usage=plan.strip_usage)
     content = backend_response.content
     try:
         # The client's 200 waits for the backend's first byte, so a backend that
@@ -316,10 +341,10 @@ async def _relay_stream(
     except aiohttp.ClientError as exc:
         if not client_response.prepared:
             raise _unreachable(plan.backend, exc) from None
-        return await _fail_stream(client_response, record, watcher, "broke off mid-stream")
+        return await _fail_stream(client_response, plan, record, watcher, "broke off mid-stream")
     record.completion_tokens = watcher.completion_tokens
     if not watcher.done:
-        return await _fail_stream(client_response, record, watcher, "ended without [DONE]")
+        return await _fail_stream(client_response, plan, record, watcher, "ended before its end")
     record.outcome = "ok"
     await client_response.write_eof()
     return client_response
@@ -327,8 +352,9 @@ async def _relay_stream(
 
 async def _fail_stream(
     client_response: web.StreamResponse,
+    plan: RelayPlan,
     record: RequestRecord,
-    watcher: OpenAIStreamWatcher,
+    watcher: StreamWatcher,
     what: str,
 ) -> web.StreamResponse:
     record.completion_tokens = watcher.completion_tokens
@@ -337,14 +363,16 @@ async def _fail_stream(
     )
     record.outcome = error.outcome
     record.error_code = error.code
-    await _end_with_error(client_response, error)
+    await _end_with_error(client_response, error, plan.stream_format)
     return client_response
 
 
-async def _end_with_error(client_response: web.StreamResponse, error: GatewayError) -> None:
+async def _end_with_error(
+    client_response: web.StreamResponse, error: GatewayError, stream_format: str
+) -> None:
     """A stream already answered 200: the failure goes in a final SSE error event."""
     try:
-        await client_response.write(error_event(error))
+        await client_response.write(error_event(error, stream_format))
         await client_response.write_eof()
     except (ConnectionError, RuntimeError):
         pass  # the client is gone too

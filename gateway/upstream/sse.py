@@ -79,28 +79,35 @@ def has_content(chunk: Any) -> bool:
     return False
 
 
-class OpenAIStreamWatcher:
-    """Feeds on raw chunks, returns the bytes to forward, notes first token and usage."""
+class StreamWatcher:
+    """Feeds on raw chunks, returns the bytes to forward, notes first token and the end.
 
-    __slots__ = ("strip_usage", "first_token_seen", "completion_tokens", "done", "error", "_rest")
+    Subclasses say what an event means (`_inspect`) and which chunks can be
+    forwarded without looking (`_boring`) once the first token has passed.
+    """
 
-    def __init__(self, *, strip_usage: bool) -> None:
+    __slots__ = ("strip_usage", "first_token_seen", "completion_tokens", "done", "_rest")
+
+    def __init__(self, *, strip_usage: bool = False) -> None:
         self.strip_usage = strip_usage
         self.first_token_seen = False
         self.completion_tokens: int | None = None
+        #: The stream's own end marker was seen ([DONE], or TGI's final event).
         self.done = False
-        #: An `{"error": ...}` event the backend sent mid-stream, if any.
-        self.error: dict[str, Any] | None = None
         self._rest = b""
+
+    def _boring(self, chunk: bytes) -> bool:
+        raise NotImplementedError
+
+    def _inspect(self, event: bytes) -> bool:
+        raise NotImplementedError
 
     def feed(self, chunk: bytes) -> bytes:
         """Bytes to send to the client now (may be empty while an event is incomplete)."""
         if self._rest:
             chunk = self._rest + chunk
             self._rest = b""
-        if self.first_token_seen and USAGE_MARKER not in chunk and chunk.endswith(EVENT_ENDINGS):
-            if not self.done and DONE_PAYLOAD in chunk:
-                self.done = self._has_done(chunk)
+        if self.first_token_seen and chunk.endswith(EVENT_ENDINGS) and self._boring(chunk):
             return chunk
         events, self._rest = _split_events(chunk)
         kept = []
@@ -118,9 +125,20 @@ class OpenAIStreamWatcher:
             self._inspect(rest)
         return rest
 
-    def _has_done(self, chunk: bytes) -> bool:
-        events, _ = _split_events(chunk)
-        return any(event_data(e) == DONE_PAYLOAD for e in events)
+
+class OpenAIStreamWatcher(StreamWatcher):
+    """OpenAI chunks: first content token, final usage, [DONE]; drops the usage chunk
+    the gateway asked for when the client did not."""
+
+    __slots__ = ()
+
+    def _boring(self, chunk: bytes) -> bool:
+        if USAGE_MARKER in chunk:
+            return False
+        if not self.done and DONE_PAYLOAD in chunk:
+            events, _ = _split_events(chunk)
+            self.done = any(event_data(e) == DONE_PAYLOAD for e in events)
+        return True
 
     def _inspect(self, event: bytes) -> bool:
         """Note what the event tells; False when it must not reach the client."""
@@ -141,8 +159,6 @@ class OpenAIStreamWatcher:
             return True
         if not self.first_token_seen and has_content(chunk):
             self.first_token_seen = True
-        if isinstance(chunk.get("error"), dict):
-            self.error = chunk["error"]
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             tokens = usage.get("completion_tokens")
@@ -150,4 +166,40 @@ class OpenAIStreamWatcher:
                 self.completion_tokens = tokens
             if self.strip_usage and chunk.get("choices") == []:
                 return False
+        return True
+
+
+TGI_NOT_FINAL = b'"generated_text":null'
+
+
+class TgiStreamWatcher(StreamWatcher):
+    """TGI's `/generate_stream`: a token event per token, the last one carrying
+    `generated_text` and `details.generated_tokens`; no [DONE]."""
+
+    __slots__ = ()
+
+    def _boring(self, chunk: bytes) -> bool:
+        events, _ = _split_events(chunk)
+        return all(TGI_NOT_FINAL in e for e in events)
+
+    def _inspect(self, event: bytes) -> bool:
+        payload = event_data(event)
+        if payload is None:
+            return True
+        if self.first_token_seen and TGI_NOT_FINAL in payload:
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        token = chunk.get("token")
+        if not self.first_token_seen and isinstance(token, dict) and not token.get("special"):
+            self.first_token_seen = True
+        if chunk.get("generated_text") is not None:
+            self.done = True
+            details = chunk.get("details")
+            if isinstance(details, dict) and type(details.get("generated_tokens")) is int:
+                self.completion_tokens = details["generated_tokens"]
         return True

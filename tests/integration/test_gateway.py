@@ -296,15 +296,18 @@ async def test_queue_timeout_gets_503_with_retry_after(
     assert line["outcome"] == "queue_timeout" and line["queue_ms"] >= 350
 
 
-async def test_backend_down_gives_502(
-    start_gateway: StartGateway, http: aiohttp.ClientSession
+async def test_backend_that_went_down_gives_502(
+    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
-    import socket
+    from gateway.tools.simulator import SimulatorConfig, start_simulator
 
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    gateway = await start_gateway([f"http://127.0.0.1:{port}"])
+    runner, port = await start_simulator(SimulatorConfig())
+    gateway = await start_gateway(
+        [f"http://127.0.0.1:{port}"], configure=lambda s: setattr(s.health, "interval_s", 60)
+    )
+    async with http.post(gateway.url + "/v1/chat/completions", json=chat(max_tokens=2)) as resp:
+        assert resp.status == 200  # it was up and checked healthy
+    await runner.cleanup()  # and now it is gone, between two health checks
     for stream in (False, True):
         async with http.post(
             gateway.url + "/v1/chat/completions", json=chat(stream=stream)
@@ -313,7 +316,27 @@ async def test_backend_down_gives_502(
         assert resp.status == 502
         assert body["error"]["code"] == "backend_error"
     assert gateway.state.scheduler.lane("interactive").in_flight == 0
-    assert [line["outcome"] for line in gateway.request_lines()] == ["backend_error"] * 2
+    outcomes = [line["outcome"] for line in gateway.request_lines()]
+    assert outcomes == ["ok", "backend_error", "backend_error"]
+
+
+async def test_no_healthy_backend_gives_503_no_backend_at_once(
+    start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    gateway = await start_gateway([f"http://127.0.0.1:{port}"])
+    await eventually(lambda: _async(not gateway.state.pool.has_available()))
+    async with http.get(gateway.url + "/readyz") as resp:
+        assert resp.status == 503
+    async with http.post(gateway.url + "/v1/chat/completions", json=chat(stream=True)) as resp:
+        body = await resp.json()
+    assert resp.status == 503 and body["error"]["code"] == "no_backend"
+    assert int(resp.headers["Retry-After"]) >= 1
+    assert gateway.request_lines()[0]["outcome"] == "no_backend"
 
 
 # ----------------------------------------------------------------------------- scheduling

@@ -17,7 +17,9 @@ class CountingSlots:
     def __init__(self, slots: int) -> None:
         self.free = slots
 
-    def try_take(self, lane: str, prompt_tokens: int) -> object | None:
+    def try_take(
+        self, lane: str, prompt_tokens: int, output_tokens: int = 0, exclude: object = None
+    ) -> object | None:
         if self.free == 0:
             return None
         self.free -= 1

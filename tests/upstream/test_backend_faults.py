@@ -65,7 +65,8 @@ class StaleKeepAliveBackend:
                 )
                 await writer.drain()
                 served_here += 1
-                self.answered += 1
+                if head.startswith(b"POST"):  # not the gateway's health checks
+                    self.answered += 1
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gateway.config import LaneSettings
 from gateway.scheduling.scheduler import Scheduler
@@ -11,7 +12,7 @@ from gateway.upstream.pool import Backend, BackendPool
 
 def test_least_busy_backend_with_a_free_slot_is_chosen() -> None:
     a, b = Backend("a", "http://a", 2), Backend("b", "http://b", 1)
-    pool = BackendPool([a, b])
+    pool = BackendPool([a, b], clock=time.monotonic)
     first, second, third = (pool.try_take("x", 10) for _ in range(3))
     assert first is not None and second is not None and third is not None
     assert [s.backend.name for s in (first, second, third)] == ["a", "b", "a"]
@@ -22,7 +23,7 @@ def test_least_busy_backend_with_a_free_slot_is_chosen() -> None:
 
 def test_prefill_budget_holds_a_second_long_prompt_but_not_a_short_one() -> None:
     backend = Backend("a", "http://a", 8, max_prefill_tokens=4096)
-    pool = BackendPool([backend])
+    pool = BackendPool([backend], clock=time.monotonic)
     long_one = pool.try_take("bulk", 3000)
     assert long_one is not None and backend.prefilling_tokens == 3000
     assert pool.try_take("bulk", 3000) is None  # two long prefills would stack up
@@ -40,7 +41,7 @@ def test_prefill_budget_holds_a_second_long_prompt_but_not_a_short_one() -> None
 
 def test_a_prompt_bigger_than_the_budget_goes_alone() -> None:
     backend = Backend("a", "http://a", 8, max_prefill_tokens=4096)
-    pool = BackendPool([backend])
+    pool = BackendPool([backend], clock=time.monotonic)
     huge = pool.try_take("bulk", 20_000)
     assert huge is not None
     assert pool.try_take("bulk", 20_000) is None
@@ -49,12 +50,12 @@ def test_a_prompt_bigger_than_the_budget_goes_alone() -> None:
 
 
 def test_no_budget_means_no_limit() -> None:
-    pool = BackendPool([Backend("a", "http://a", 8, max_prefill_tokens=0)])
+    pool = BackendPool([Backend("a", "http://a", 8, max_prefill_tokens=0)], clock=time.monotonic)
     assert all(pool.try_take("bulk", 10_000) is not None for _ in range(8))
 
 
 async def test_scheduler_dispatches_the_held_prompt_when_the_first_byte_arrives() -> None:
-    pool = BackendPool([Backend("a", "http://a", 8, max_prefill_tokens=4096)])
+    pool = BackendPool([Backend("a", "http://a", 8, max_prefill_tokens=4096)], clock=time.monotonic)
     scheduler = Scheduler([LaneSettings(name="bulk")], {"bulk": 8}, pool)
     first = await scheduler.acquire("bulk", 3000)
     second = asyncio.create_task(scheduler.acquire("bulk", 3000))
