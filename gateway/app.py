@@ -67,6 +67,7 @@ def build_app(
     app.router.add_get("/v1/models", openai.models)
     app.router.add_post("/generate", tgi.generate)
     app.router.add_post("/generate_stream", tgi.generate_stream)
+    app.router.add_post("/", tgi.compat)
     app.router.add_get("/info", tgi.info)
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)

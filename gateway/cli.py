@@ -1,4 +1,4 @@
-"""One command line: serve | simulate | check-config.
+"""One command line: serve | simulate | check-config | loadgen | analyze.
 
 `serve` with no backend configured starts the built-in simulator in a child
 process, so `make run` shows a working gateway on a fresh machine.
@@ -59,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="print the effective config and warnings")
     _add_config_arguments(check)
+
+    from gateway.tools import analyze, loadgen
+
+    load = commands.add_parser("loadgen", help="send mixed traffic and measure TTFT, e2e, errors")
+    loadgen.add_arguments(load)
+    report = commands.add_parser(
+        "analyze", help="read the gateway's log: is P99 slow in the queue or in the model?"
+    )
+    analyze.add_arguments(report)
     return parser
 
 
@@ -72,10 +81,11 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "simulate":
-        from gateway.tools import simulator
+    if args.command in ("simulate", "loadgen", "analyze"):
+        from gateway.tools import analyze, loadgen, simulator
 
-        return simulator.main(args)
+        tool = {"simulate": simulator, "loadgen": loadgen, "analyze": analyze}[args.command]
+        return int(tool.main(args))
     try:
         settings = load_settings(
             args.config,

@@ -107,9 +107,16 @@ async def measure_openai(
 
 
 async def measure_tgi(
-    body: dict[str, Any], stream: bool, settings: Settings, counter: TokenCounter
+    body: dict[str, Any], stream: bool | None, settings: Settings, counter: TokenCounter
 ) -> RequestShape:
-    """Validate a TGI `/generate` or `/generate_stream` body and count it."""
+    """Validate a TGI `/generate`, `/generate_stream` or `/` body and count it.
+
+    `stream` is fixed by the route, or None for TGI's `/`, which reads the body's `stream`.
+    """
+    if stream is None:
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise invalid_request("'stream' must be true or false", "stream")
     inputs = body.get("inputs")
     if not isinstance(inputs, str):
         raise invalid_request("'inputs' must be a string", "inputs")

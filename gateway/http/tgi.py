@@ -1,4 +1,4 @@
-"""Hugging Face TGI's native routes: /generate, /generate_stream, /info.
+"""Hugging Face TGI's native routes: /generate, /generate_stream, / (compat), /info.
 
 They go through the same admission as the OpenAI routes: prompt tokens from
 `inputs`, `parameters.max_new_tokens` capped and defaulted like max_tokens,
@@ -25,8 +25,14 @@ async def _measure_generate_stream(body: dict[str, Any], state: GatewayState) ->
     return await measure_tgi(body, True, state.settings, state.counter)
 
 
+async def _measure_compat(body: dict[str, Any], state: GatewayState) -> RequestShape:
+    return await measure_tgi(body, None, state.settings, state.counter)
+
+
 GENERATE_ROUTE = Route("/generate", _measure_generate)
 GENERATE_STREAM_ROUTE = Route("/generate_stream", _measure_generate_stream)
+#: TGI's `/` takes `"stream"` in the body; huggingface_hub's InferenceClient posts here.
+COMPAT_ROUTE = Route("/", _measure_compat)
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -35,6 +41,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
     return await proxy(request, request.app[GATEWAY], GENERATE_STREAM_ROUTE)
+
+
+async def compat(request: web.Request) -> web.StreamResponse:
+    return await proxy(request, request.app[GATEWAY], COMPAT_ROUTE)
 
 
 async def info(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ import gzip
 import json
 import math
 import sys
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,16 +44,17 @@ SLOWEST_LISTED = 20
 VERDICT_TEXT = {
     "queueing": "queueing-bound → scheduling (lanes, slots, fail-fast)",
     "backend": "backend-bound → capacity or request size",
-    "unknown": "no verdict: the slowest requests never queued nor reached a backend",
+    "unknown": "no verdict → the slowest were refused at admission (see rejections)",
 }
 VERDICT_RULE = (
-    f"queueing-bound when the queue holds more than {QUEUE_BOUND_SHARE:.0%} of the "
-    "slowest requests' queue + backend time"
+    f"A lane is queueing-bound when its slowest requests spent more than "
+    f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued"
 )
-MEASURE_TEXT = {
-    "ttft_ms": "TTFT (queue_ms vs backend_ttft_ms)",
-    "e2e_ms": "e2e, no first token (queue_ms vs the rest after dispatch)",
-}
+MEASURE_TEXT = {"ttft_ms": "TTFT", "e2e_ms": "e2e (no first token)"}
+MEASURE_LEGEND = (
+    "TTFT splits into queue_ms + backend_ttft_ms + gateway; e2e (for requests without a first "
+    "token) into queue_ms + dispatch → end + gateway"
+)
 
 Record = dict[str, Any]
 
@@ -369,22 +371,33 @@ def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
     """The headline for one lane and the numbers that justify it."""
     if not tail["size"]:
         return [f"{lane}: no verdict (no request with a TTFT or e2e time)"]
-    measures = " + ".join(
-        f"{MEASURE_TEXT[m]}" + (f" ×{n}" if len(tail["measures"]) > 1 else "")
+    mixed = len(tail["measures"]) > 1
+    measures = ", ".join(
+        MEASURE_TEXT[m] + (f" ×{n}" if mixed else "")
         for m, n in sorted(tail["measures"].items(), key=lambda item: -item[1])
     )
+    lane = lane[:40]
     pct = f"{100 * tail['fraction']:g}%"
-    return [
+    lines = [
         f"{lane}: {tail['verdict_text']}",
         f"    slowest {pct} = {tail['size']} of {tail['ranked']} requests, measured by {measures}",
         f"    mean {fmt_ms(tail['mean_total_ms'])} ms = queue {fmt_ms(tail['mean_queue_ms'])} ms"
         f" ({fmt_share(tail['queue_share'])}) + backend {fmt_ms(tail['mean_backend_ms'])} ms"
         f" ({fmt_share(tail['backend_share'])}) + gateway {fmt_ms(tail['mean_gateway_ms'])} ms"
         f" ({fmt_share(tail['gateway_share'])})",
-        f"    queue share of queue + backend: {fmt_share(tail['queue_vs_backend'])}"
-        f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%});"
-        f" tail from {fmt_ms(tail['cutoff_ms'])} to {fmt_ms(tail['max_ms'])} ms",
     ]
+    if tail["verdict"] == "unknown":
+        return lines
+    spread = (
+        f"; tail {fmt_ms(tail['cutoff_ms'])} to {fmt_ms(tail['max_ms'])} ms"
+        if tail["size"] > 1
+        else ""
+    )
+    lines.append(
+        f"    queue share of queue + backend: {fmt_share(tail['queue_vs_backend'])}"
+        f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%}){spread}"
+    )
+    return lines
 
 
 def format_report(analysis: dict[str, Any]) -> str:
@@ -406,36 +419,47 @@ def format_report(analysis: dict[str, Any]) -> str:
         out += ["  " + line for line in verdict_lines(lane, data["tail"])]
 
     out += ["", "LATENCY (ms) per lane and outcome; n = requests with a value"]
-    header = (
-        f"  {'lane / outcome':<26}{'requests':>9}  {'metric':<16}{'n':>7}"
-        f"{'p50':>12}{'p95':>12}{'p99':>12}"
+    out.append(
+        f"  {'lane / outcome':<30}{'requests':>8}  {'metric':<16}{'n':>6}"
+        f"{'p50':>10}{'p95':>10}{'p99':>10}"
     )
-    out.append(header)
     for lane, data in lanes.items():
-        out.append(f"  {lane[:26]}")
+        out.append(f"  {lane[:30]}")
         for outcome, stats in data["outcomes"].items():
-            label = f"    {outcome}"[:26]
+            label = f"  {outcome}"[:30]
             rows = [(m, s) for m, s in stats["latency"].items() if s["count"]]
             if not rows:
-                out.append(f"  {label:<26}{stats['count']:>9}  {'(no timings)':<16}")
+                out.append(f"  {label:<30}{stats['count']:>8}  (no timings)")
             for i, (metric, s) in enumerate(rows):
-                first = f"  {label:<26}{stats['count']:>9}" if i == 0 else " " * 37
+                first = f"  {label:<30}{stats['count']:>8}" if i == 0 else " " * 40
                 out.append(
-                    f"{first}  {metric:<16}{s['count']:>7}{fmt_ms(s['p50']):>12}"
-                    f"{fmt_ms(s['p95']):>12}{fmt_ms(s['p99']):>12}"
+                    f"{first}  {metric:<16}{s['count']:>6}{fmt_ms(s['p50']):>10}"
+                    f"{fmt_ms(s['p95']):>10}{fmt_ms(s['p99']):>10}"
                 )
 
     out += ["", "REJECTIONS, TIMEOUTS AND ERRORS per lane (% of the lane's requests)"]
-    rows = [(lane, f) for lane, data in lanes.items() for f in data["failures"]]
-    if not rows:
+    failures = [
+        (lane, failure, data["requests"])
+        for lane, data in lanes.items()
+        for failure in data["failures"]
+    ]
+    if not failures:
         out.append("  none: every request ended ok")
     else:
-        out.append(f"  {'lane':<26}{'reason':<30}{'count':>9}{'% of lane':>12}")
-        for lane, failure in rows:
+        out.append(f"  {'lane':<24}{'reason':<32}{'count':>8}{'lane total':>12}{'% of lane':>12}")
+        for lane, failure, total in failures:
             out.append(
-                f"  {lane[:25]:<26}{failure['reason'][:29]:<30}{failure['count']:>9}"
-                f"{failure['percent']:>11.1f}%"
+                f"  {lane[:23]:<24}{failure['reason'][:31]:<32}{failure['count']:>8}"
+                f"{total:>12}{failure['percent']:>11.1f}%"
             )
+    out += ["", "HOW TO READ"]
+    out += textwrap.wrap(
+        f"{VERDICT_RULE}. {MEASURE_LEGEND}. Gateway time is admission (token counting) and "
+        "refusals. Percentiles interpolate linearly between ranks, as numpy does.",
+        width=98,
+        initial_indent="  ",
+        subsequent_indent="  ",
+    )
     return "\n".join(out) + "\n"
 
 

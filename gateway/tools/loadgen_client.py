@@ -3,8 +3,8 @@
 Every request is timed from the client's side of the wire (first send → first
 content token, → end), because that is the promise the gateway makes; its own
 headers (lane, queue wait) are kept next to the client's numbers to explain
-them. Open-loop runs fire on schedule whether or not earlier answers came back,
-so a slow server cannot slow the offered load down and hide its own tail.
+them. Errors are read the way the gateway reports them: the OpenAI envelope
+before the stream, or a final SSE error event once it has started.
 """
 
 from __future__ import annotations
@@ -12,18 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import secrets
-import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
-from tqdm import tqdm
 
-from gateway.tools.loadgen_mix import PlannedRequest, with_run_tag
+from gateway.tools.loadgen_mix import PlannedRequest
+from gateway.tools.loadgen_prompts import with_run_tag
 
 #: Statuses worth retrying: overload (429, 503), and a gateway/proxy that lost the backend.
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
@@ -85,6 +82,7 @@ class RequestResult:
     content_chunks: int = 0
     lane: str | None = None
     queue_ms: float | None = None
+    #: The last `Retry-After` seen over all attempts, in seconds.
     retry_after_s: float | None = None
     attempts: int = 0
     #: Last attempt's send → its 4xx/5xx answer: how fast the server said no.
@@ -139,7 +137,7 @@ class _Attempt:
     queue_ms: float | None = None
 
 
-class _Client:
+class Client:
     """Shared state of one run: session, URL, body template, clock, retry randomness."""
 
     def __init__(
@@ -168,7 +166,9 @@ class _Client:
         return json.dumps(
             {
                 "model": self.model,
-                "messages": [{"role": "user", "content": with_run_tag(planned.prompt, self.run_tag)}],
+                "messages": [
+                    {"role": "user", "content": with_run_tag(planned.prompt, self.run_tag)}
+                ],
                 "max_tokens": planned.max_tokens,
                 "stream": True,
                 "stream_options": {"include_usage": True},
@@ -191,15 +191,19 @@ class _Client:
         result.sent_ms = (first_send - self.start) * 1000.0
         attempt = _Attempt()
         sent = first_send
+        retry_after: float | None = None
         for number in range(1, self.retry.max_attempts + 1):
             if number > 1:
                 await asyncio.sleep(self.retry.delay_s(number - 1, attempt.retry_after_s, self.rng))
                 sent = self.loop.time()
             attempt = await self._attempt(body, result.request_id)
             result.attempts = number
+            if attempt.retry_after_s is not None:
+                retry_after = attempt.retry_after_s
             if not attempt.retryable:
                 break
         self._fold(result, attempt, first_send, sent)
+        result.retry_after_s = retry_after
         return result
 
     def _fold(
@@ -209,7 +213,6 @@ class _Client:
         result.status = attempt.status
         result.error_code = attempt.error_code
         result.error_message = attempt.error_message
-        result.retry_after_s = attempt.retry_after_s
         result.lane = attempt.lane
         result.queue_ms = attempt.queue_ms
         result.completion_tokens = attempt.completion_tokens
@@ -265,21 +268,23 @@ class _Client:
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    done = True
-                    continue
-                self._event(payload, out)
+                done = self._line(line, out) or done
         out.end = self.loop.time()
-        if pending.startswith(b"data:") and pending[5:].strip() not in (b"", b"[DONE]"):
-            self._event(pending[5:].strip(), out)
-        elif pending.strip() == b"data: [DONE]":
-            done = True
+        done = self._line(pending, out) or done
         if not done and out.error_code is None:
             out.error_code = "stream_truncated"
             out.error_message = "the stream ended without [DONE]"
+
+    def _line(self, line: bytes, out: _Attempt) -> bool:
+        """Handle one SSE line; True when it is the `[DONE]` sentinel."""
+        if not line.startswith(b"data:"):
+            return False
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return True
+        if payload:
+            self._event(payload, out)
+        return False
 
     def _event(self, payload: bytes, out: _Attempt) -> None:
         try:
@@ -334,10 +339,13 @@ def parse_retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _error_fields(obj: dict[str, Any]) -> tuple[str | None, str | None]:
+def _error_fields(obj: dict[str, Any]) -> tuple[str, str | None]:
     error = obj.get("error")
     if isinstance(error, dict):
-        code = error.get("code") or error.get("type")
+        # llama.cpp puts the HTTP status in `code`; its `type` says more.
+        code = error.get("code")
+        if not isinstance(code, str) or not code:
+            code = error.get("type") or code
         message = error.get("message")
         return (
             str(code) if code is not None else "error",
@@ -357,153 +365,6 @@ def error_from_body(raw: bytes) -> tuple[str | None, str | None]:
         return None, _short(text) if text else None
     if isinstance(obj, dict) and "error" in obj:
         return _error_fields(obj)
+    if isinstance(obj, dict) and obj.get("object") == "error":
+        return _error_fields({"error": obj})  # older vLLM: the envelope's content, unwrapped
     return None, _short(raw.decode(errors="replace"))
-
-
-# --------------------------------------------------------------------------- runs
-
-
-def _session() -> aiohttp.ClientSession:
-    # limit=0: an open-loop run opens as many connections as it has requests in flight, so
-    # the client never queues requests itself and hides the server's queue.
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
-
-
-def _progress_bar(total: int, target: str, enabled: bool) -> Any:
-    return tqdm(
-        total=total,
-        desc=target,
-        unit="req",
-        file=sys.stderr,
-        disable=not enabled,
-        leave=False,
-        mininterval=0.25,
-        dynamic_ncols=True,
-    )
-
-
-async def _run(
-    target: str,
-    schedule: Sequence[PlannedRequest],
-    drive: Callable[[_Client, Callable[[PlannedRequest], Awaitable[None]]], Awaitable[None]],
-    *,
-    retry: RetryPolicy,
-    timeout_s: float,
-    model: str,
-    extra_body: dict[str, Any] | None,
-    progress: bool,
-) -> RunResult:
-    run_tag = str(secrets.randbelow(900_000) + 100_000)
-    results: list[RequestResult] = []
-    async with _session() as session:
-        client = _Client(
-            session,
-            target,
-            retry=retry,
-            timeout_s=timeout_s,
-            model=model,
-            extra_body=extra_body,
-            run_tag=run_tag,
-        )
-        bar = _progress_bar(len(schedule), target, progress)
-        failed = 0
-
-        async def one(planned: PlannedRequest) -> None:
-            nonlocal failed
-            result = await client.send(planned)
-            results.append(result)
-            failed += not result.ok
-            bar.update(1)
-            if failed:
-                bar.set_postfix(failed=failed, refresh=False)
-
-        try:
-            await drive(client, one)
-        finally:
-            bar.close()
-        wall_s = client.loop.time() - client.start
-    results.sort(key=lambda r: r.index)
-    return RunResult(target, results, wall_s, run_tag)
-
-
-async def run_open_loop(
-    target: str,
-    schedule: Sequence[PlannedRequest],
-    *,
-    retry: RetryPolicy | None = None,
-    timeout_s: float = 120.0,
-    model: str = "sim-model",
-    extra_body: dict[str, Any] | None = None,
-    progress: bool = False,
-) -> RunResult:
-    """Send each request at its `at_s`, without waiting for earlier answers."""
-    ordered = sorted(schedule, key=lambda p: p.at_s)
-
-    async def drive(
-        client: _Client, one: Callable[[PlannedRequest], Awaitable[None]]
-    ) -> None:
-        tasks = []
-        try:
-            for planned in ordered:
-                delay = client.start + planned.at_s - client.loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(planned)))
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-
-    return await _run(
-        target,
-        ordered,
-        drive,
-        retry=retry or RetryPolicy(),
-        timeout_s=timeout_s,
-        model=model,
-        extra_body=extra_body,
-        progress=progress,
-    )
-
-
-async def run_closed_loop(
-    target: str,
-    schedule: Sequence[PlannedRequest],
-    concurrency: int,
-    *,
-    retry: RetryPolicy | None = None,
-    timeout_s: float = 120.0,
-    model: str = "sim-model",
-    extra_body: dict[str, Any] | None = None,
-    progress: bool = False,
-) -> RunResult:
-    """`concurrency` workers, each sending the next request as soon as its last one ended."""
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    queue = list(reversed(schedule))
-
-    async def drive(
-        client: _Client, one: Callable[[PlannedRequest], Awaitable[None]]
-    ) -> None:
-        async def worker() -> None:
-            while queue:
-                await one(queue.pop())
-
-        workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
-        try:
-            await asyncio.gather(*workers)
-        finally:
-            for task in workers:
-                task.cancel()
-
-    return await _run(
-        target,
-        schedule,
-        drive,
-        retry=retry or RetryPolicy(),
-        timeout_s=timeout_s,
-        model=model,
-        extra_body=extra_body,
-        progress=progress,
-    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -31,8 +32,8 @@ from gateway.tools.analyze import (
     number,
     outcome_of,
     queue_depth_series,
-    slowest,
 )
+from gateway.tools.stats import percentile
 
 #: The parts of a request's wait, in the colours every plot and card use.
 QUEUE_COLOUR = "#e6550d"
@@ -40,6 +41,10 @@ BACKEND_COLOUR = "#3182bd"
 GATEWAY_COLOUR = "#a8a8a8"
 VERDICT_COLOUR = {"queueing": QUEUE_COLOUR, "backend": BACKEND_COLOUR, "unknown": "#777777"}
 LANE_COLOURS = ("#1b9e77", "#7570b3", "#d95f02", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
+#: Not-ok outcomes over time: away from the queue/backend orange and blue.
+REFUSAL_COLOURS = ("#c51b7d", "#54278f", "#4d4d4d", "#8c510a", "#b2182b", "#35978f", "#dfc27d")
+#: Most steps drawn per queue-depth line.
+DEPTH_POINTS = 2000
 #: Bars per lane in the "where did the time go" plot.
 SLOWEST_PLOTTED = 20
 #: Most points drawn per CDF line; the top of the distribution is always kept whole.
@@ -50,22 +55,25 @@ def render(analysis: dict[str, Any], records: Sequence[Record], *, source: str =
     """The whole HTML document as a string."""
     import matplotlib
 
-    rc = {
-        "svg.fonttype": "none",  # real <text>: smaller files, crisp and searchable
-        "svg.hashsalt": "gateway-report",  # stable ids from run to run
-        "font.family": "sans-serif",
-        "font.size": 10,
-        "axes.spines.top": False,
-        "axes.spines.right": False,
-    }
     lanes = list(analysis["lanes"])
     colours = {lane: LANE_COLOURS[i % len(LANE_COLOURS)] for i, lane in enumerate(lanes)}
-    with matplotlib.rc_context(rc):
+    with matplotlib.rc_context(
+        {
+            "svg.fonttype": "none",  # real <text>: smaller files, crisp and searchable
+            "svg.hashsalt": "gateway-report",  # stable ids from run to run
+            "font.family": "sans-serif",
+            "font.size": 10,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+        }
+    ):
         figures = [
             (
                 "Where the slowest requests spent their time",
-                "Each bar is one request, slowest at the top; the ones above the dashed line "
-                f"are the slowest {100 * analysis['tail_fraction']:g}% that decide the verdict. "
+                f"Each bar is one request, slowest at the top (at most {SLOWEST_PLOTTED} per "
+                "lane). Bars above a dashed line are the slowest "
+                f"{100 * analysis['tail_fraction']:g}% that decide the verdict; without a line, "
+                "every bar shown is. "
                 "Time to first token when there was one, else end-to-end time (marked e2e).",
                 _svg(_tail_figure(analysis, records), "tail"),
             ),
@@ -93,17 +101,22 @@ def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    by_lane = _by_lane(records)
-    lanes = [lane for lane in analysis["lanes"] if analysis["lanes"][lane]["tail"]["size"]]
-    heights = [len(slowest(by_lane[lane], SLOWEST_PLOTTED)) for lane in lanes] or [1]
+    # A lane whose slowest requests were all refused at the door has nothing to split.
+    lanes = [
+        lane
+        for lane, data in analysis["lanes"].items()
+        if data["tail"]["size"] and data["tail"]["verdict"] != "unknown"
+    ]
+    bars_of = {lane: analysis["lanes"][lane]["tail"]["slowest"][:SLOWEST_PLOTTED] for lane in lanes}
+    heights = [len(bars_of[lane]) for lane in lanes] or [1]
     fig = Figure(figsize=(10, 1.0 + sum(0.24 * h + 0.7 for h in heights)), layout="constrained")
     if not lanes:
-        _empty(fig.add_subplot(), "no request with a TTFT or e2e time")
+        _empty(fig.add_subplot(), "no request queued or reached a backend")
         return fig
     axes = fig.subplots(len(lanes), 1, squeeze=False, height_ratios=heights)[:, 0]
     for ax, lane in zip(axes, lanes, strict=True):
         tail = analysis["lanes"][lane]["tail"]
-        bars = slowest(by_lane[lane], SLOWEST_PLOTTED)
+        bars = bars_of[lane]
         ys = range(len(bars))
         left = [0.0] * len(bars)
         for part, colour in (
@@ -122,8 +135,8 @@ def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
             ax.axhline(tail["size"] - 0.5, color="#333333", linestyle="--", linewidth=1)
         verdict = tail["verdict"] or "unknown"
         ax.set_title(
-            f"{lane}: {tail['verdict_text']}   (queue {fmt_share(tail['queue_vs_backend'])} "
-            "of queue + backend)",
+            f"{lane}: {verdict}-bound, queue {fmt_share(tail['queue_vs_backend'])} of "
+            f"queue + backend in the slowest {_plural(tail['size'], 'request')}",
             loc="left",
             fontsize=11,
             fontweight="bold",
@@ -173,7 +186,7 @@ def _cdf_figure(lanes: list[str], records: Sequence[Record], colours: dict[str, 
             xs, ys = _cdf_points(values)
             lows.append(ys[0])
             highs.append(ys[-1])
-            p99 = _nearest_rank(values, 0.99)
+            p99 = percentile(values, 99)
             ax.plot(
                 [max(x, 0.01) for x in xs],
                 ys,
@@ -187,7 +200,8 @@ def _cdf_figure(lanes: list[str], records: Sequence[Record], colours: dict[str, 
             continue
         ax.set_xscale("log")
         ax.set_yscale("logit")
-        bottom, top = min(min(lows), 0.1), max(highs)
+        # Half a plotting position of headroom so the slowest point is not on the frame.
+        bottom, top = min(0.1, max(min(lows), 0.01)), 1 - (1 - max(highs)) / 2
         ax.set_ylim(bottom, top)
         ticks = [t for t in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999) if bottom <= t <= top]
         ax.yaxis.set_major_locator(FixedLocator(ticks))
@@ -212,11 +226,6 @@ def _cdf_points(values: list[float]) -> tuple[list[float], list[float]]:
     return [values[i] for i in index], [(i + 0.5) / n for i in index]
 
 
-def _nearest_rank(values: list[float], q: float) -> float:
-    """Only for legend labels; the report's percentiles come from gateway.tools.stats."""
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
 def _timeline_figure(lanes: list[str], records: Sequence[Record], colours: dict[str, str]) -> Any:
     from matplotlib.figure import Figure
 
@@ -234,14 +243,15 @@ def _timeline_figure(lanes: list[str], records: Sequence[Record], colours: dict[
         series = queue_depth_series(by_lane[lane])
         if not series:
             continue
-        xs = [t - origin for t, _ in series]
-        ys = [d for _, d in series]
+        xs, ys = _peaks([t - origin for t, _ in series], [d for _, d in series], span)
         depth_ax.step([0.0, *xs], [0, *ys], where="post", color=colours[lane], label=lane)
     depth_ax.set_ylabel("requests queued")
     depth_ax.set_ylim(bottom=0)
     depth_ax.grid(True, axis="y", color="#eeeeee")
     if depth_ax.get_lines():
-        depth_ax.legend(loc="upper right", frameon=False, fontsize=8)
+        depth_ax.legend(
+            loc="lower left", bbox_to_anchor=(0, 1), ncols=len(lanes), frameon=False, fontsize=8
+        )
 
     ends: dict[str, list[float]] = defaultdict(list)
     for record in records:
@@ -255,14 +265,43 @@ def _timeline_figure(lanes: list[str], records: Sequence[Record], colours: dict[
     edges = [span * i / bins for i in range(bins + 1)]
     if ends:
         labels = sorted(ends, key=lambda k: -len(ends[k]))
-        refused_ax.hist([ends[k] for k in labels], bins=edges, stacked=True, label=labels)
-        refused_ax.legend(loc="upper right", frameon=False, fontsize=8)
+        refused_ax.hist(
+            [ends[k] for k in labels],
+            bins=edges,
+            stacked=True,
+            label=labels,
+            color=[REFUSAL_COLOURS[i % len(REFUSAL_COLOURS)] for i in range(len(labels))],
+        )
+        refused_ax.legend(
+            loc="lower left", bbox_to_anchor=(0, 1), ncols=3, frameon=False, fontsize=8
+        )
     else:
         _empty(refused_ax, "no rejections, timeouts or errors")
     refused_ax.set_ylabel(f"not ok per {span / bins:.2g} s")
     refused_ax.set_xlabel("seconds since the first arrival in the log")
     refused_ax.set_xlim(0, span)
     return fig
+
+
+def _peaks(xs: list[float], ys: list[int], span: float) -> tuple[list[float], list[int]]:
+    """At most ~DEPTH_POINTS steps: the deepest queue in each time slice, so no peak is lost.
+
+    A busy day has a queue change per request; drawn one by one they make a
+    megabyte of SVG that looks the same.
+    """
+    if len(xs) <= DEPTH_POINTS:
+        return xs, ys
+    width = span / (DEPTH_POINTS // 2)
+    out_x: list[float] = []
+    out_y: list[int] = []
+    for x, y in zip(xs, ys, strict=True):
+        start = math.floor(x / width) * width
+        if out_x and out_x[-1] == start:
+            out_y[-1] = max(out_y[-1], y)
+        else:
+            out_x.append(start)
+            out_y.append(y)
+    return out_x, out_y
 
 
 def _empty(ax: Any, text: str) -> None:
@@ -329,6 +368,8 @@ h2 { font-size: 19px; margin: 36px 0 6px; border-bottom: 1px solid #ddd; padding
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums;
         margin-top: 8px; }
 th, td { padding: 3px 10px; border-bottom: 1px solid #eee; text-align: right; }
+th.group { text-align: center; border-left: 1px solid #ddd; }
+td.first, th.first { border-left: 1px solid #ddd; }
 th:first-child, td:first-child, td.text, th.text { text-align: left; }
 th { background: #f6f6f6; }
 tr.lane td { font-weight: 700; background: #fafafa; }
@@ -353,7 +394,7 @@ def _page(analysis: dict[str, Any], figures: list[tuple[str, str, str]], source:
         *(_card(lane, data, analysis["tail_fraction"]) for lane, data in analysis["lanes"].items()),
         "</div>",
         f'<p class="note">Verdict from the slowest {100 * analysis["tail_fraction"]:g}% of '
-        f"each lane: {e(VERDICT_RULE)}. Queue time is queue_ms; backend time is "
+        f"each lane. {e(VERDICT_RULE)}. Queue time is queue_ms; backend time is "
         "backend_ttft_ms (dispatch → first token), or dispatch → end for requests without a "
         "first token; gateway time is the rest (admission, refusals).</p>",
     ]
@@ -380,7 +421,7 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
     p99_ttft = ok.get("ttft_ms", {}).get("p99")
     p99_e2e = ok.get("e2e_ms", {}).get("p99")
     failed = sum(f["count"] for f in data["failures"])
-    if not tail["size"]:
+    if not tail["size"] or kind == "unknown":
         split = why = ""
     else:
         split = '<div class="split">' + "".join(
@@ -396,7 +437,7 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
             f"{n}× {'TTFT' if m == 'ttft_ms' else 'e2e'}" for m, n in tail["measures"].items()
         )
         why = (
-            f"Slowest {100 * fraction:g}% = {tail['size']} of {tail['ranked']} requests "
+            f"Slowest {100 * fraction:g}% = {tail['size']} of {_plural(tail['ranked'], 'request')} "
             f"({e(measures)}), mean <b>{fmt_ms(tail['mean_total_ms'])} ms</b>: "
             f'<span style="color:{QUEUE_COLOUR}">queue <b>{fmt_ms(tail["mean_queue_ms"])} ms'
             f"</b> ({fmt_share(tail['queue_share'])})</span>, "
@@ -407,8 +448,8 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
             f"(threshold {QUEUE_BOUND_SHARE:.0%}).<br>"
         )
     why += (
-        f"{data['requests']} requests · ok P99 TTFT <b>{fmt_ms(p99_ttft)} ms</b> · "
-        f"ok P99 e2e <b>{fmt_ms(p99_e2e)} ms</b> · not ok <b>{failed}</b> "
+        f"{_plural(data['requests'], 'request')} · ok P99 TTFT {_bold_ms(p99_ttft)} · "
+        f"ok P99 e2e {_bold_ms(p99_e2e)} · not ok <b>{failed}</b> "
         f"({100 * failed / data['requests']:.1f}%)"
     )
     return (
@@ -420,10 +461,18 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
     )
 
 
+def _bold_ms(value: float | None) -> str:
+    return "-" if value is None else f"<b>{fmt_ms(value)} ms</b>"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def _latency_table(analysis: dict[str, Any]) -> str:
     e = html.escape
-    head = "".join(f'<th colspan="3">{m}</th>' for m in METRICS)
-    sub = "".join("<th>p50</th><th>p95</th><th>p99</th>" for _ in METRICS)
+    head = "".join(f'<th class="group" colspan="3">{m}</th>' for m in METRICS)
+    sub = "".join('<th class="first">p50</th><th>p95</th><th>p99</th>' for _ in METRICS)
     rows = [
         "<table><thead>",
         f'<tr><th class="text" rowspan="2">lane / outcome</th><th rowspan="2">n</th>{head}</tr>',
@@ -433,11 +482,13 @@ def _latency_table(analysis: dict[str, Any]) -> str:
         rows.append(f'<tr class="lane"><td colspan="{2 + 3 * len(METRICS)}">{e(lane)}</td></tr>')
         for outcome, stats in data["outcomes"].items():
             cells = "".join(
-                f"<td>{fmt_ms(stats['latency'][m][q])}</td>"
+                f"<td{' class=first' if q == 'p50' else ''}>{fmt_ms(stats['latency'][m][q])}</td>"
                 for m in METRICS
                 for q in ("p50", "p95", "p99")
             )
-            rows.append(f"<tr><td>&nbsp;&nbsp;{e(outcome)}</td><td>{stats['count']}</td>{cells}</tr>")
+            rows.append(
+                f"<tr><td>&nbsp;&nbsp;{e(outcome)}</td><td>{stats['count']}</td>{cells}</tr>"
+            )
     rows.append("</tbody></table>")
     return "\n".join(rows)
 

@@ -1,0 +1,226 @@
+"""`python -m gateway loadgen`: seeded traffic that shows whether short requests keep a low P99.
+
+The product's promise is a number measured from the client's side, so this
+tool produces the traffic (a mix of short and long requests, open or closed
+loop, or a replayed production trace) and measures what users would feel,
+against the gateway, a backend directly, or the simulator. Several `--target`s
+get the very same schedule, one after the other, for a side-by-side table.
+
+The parts: `loadgen_mix` (classes, schedules), `loadgen_prompts` (prompts of an
+exact token size), `loadgen_client` (sending one request and timing it),
+`loadgen_run` (open and closed loops) and `loadgen_report` (summaries, tables,
+JSON). This module re-exports their public names and holds the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.tools.loadgen_client import RequestResult, RetryPolicy, RunResult
+from gateway.tools.loadgen_mix import (
+    DEFAULT_MIX,
+    PlannedRequest,
+    TrafficClass,
+    closed_schedule,
+    load_mix,
+    parse_class,
+    poisson_schedule,
+    trace_class,
+    trace_schedule,
+)
+from gateway.tools.loadgen_report import format_tables, summarize_run, write_json
+from gateway.tools.loadgen_run import run_closed_loop, run_open_loop
+
+__all__ = [
+    "DEFAULT_MIX",
+    "PlannedRequest",
+    "RequestResult",
+    "RetryPolicy",
+    "RunResult",
+    "TrafficClass",
+    "add_arguments",
+    "closed_schedule",
+    "format_tables",
+    "load_mix",
+    "main",
+    "parse_class",
+    "poisson_schedule",
+    "run_closed_loop",
+    "run_open_loop",
+    "summarize_run",
+    "trace_class",
+    "trace_schedule",
+]
+
+DEFAULT_TARGET = "http://127.0.0.1:8080"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `loadgen` flags; `main(args)` runs them."""
+    parser.add_argument(
+        "--target",
+        action="append",
+        metavar="URL",
+        help=f"base URL to load (repeatable: same schedule on each, in turn; {DEFAULT_TARGET})",
+    )
+    load = parser.add_argument_group("load shape")
+    load.add_argument("--rate", type=float, default=4.0, help="open loop: arrivals per second (4)")
+    load.add_argument("--duration", type=float, default=10.0, help="open loop: seconds (10)")
+    load.add_argument(
+        "--concurrency", type=int, help="closed loop: N workers, each waits for its answer"
+    )
+    load.add_argument(
+        "--requests", type=int, default=100, help="closed loop: requests in all (100)"
+    )
+    load.add_argument("--seed", type=int, default=0, help="seed of arrivals, sizes, prompts (0)")
+    mix = parser.add_argument_group(
+        "traffic mix (default: short:0.8:40-60:64, long:0.2:2800-3200:512)"
+    )
+    mix.add_argument("--mix", metavar="FILE", help="TOML file of [[class]] tables")
+    mix.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        metavar="NAME:SHARE:MIN-MAX:MAX_TOKENS",
+        help="a traffic class (repeatable); prompt sizes in tokens as the gateway counts them",
+    )
+    trace = parser.add_argument_group("trace replay (TIMESTAMP,ContextTokens,GeneratedTokens CSV)")
+    trace.add_argument("--trace", metavar="FILE", help="replay this trace instead of a mix")
+    trace.add_argument("--speedup", type=float, default=1.0, help="divide arrival offsets (1)")
+    trace.add_argument("--prompt-scale", type=float, default=1.0, help="multiply prompt sizes (1)")
+    trace.add_argument("--output-scale", type=float, default=1.0, help="multiply max_tokens (1)")
+    trace.add_argument("--trace-start", type=int, default=0, help="first row to replay (0)")
+    trace.add_argument("--trace-limit", type=int, help="rows to replay (all)")
+    client = parser.add_argument_group("client")
+    client.add_argument("--model", default="sim-model", help="model name sent (sim-model)")
+    client.add_argument("--timeout", type=float, default=120.0, help="per-attempt timeout, s (120)")
+    client.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help='send "ignore_eos": true (vLLM/llama.cpp) so replies have max_tokens tokens',
+    )
+    client.add_argument(
+        "--retries", type=int, default=0, help="retries on 429/502/503/504/connection error (0)"
+    )
+    client.add_argument(
+        "--backoff", type=float, default=0.5, help="backoff base, s; full jitter, doubling (0.5)"
+    )
+    client.add_argument("--max-backoff", type=float, default=10.0, help="backoff cap, s (10)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write per-request results and summaries")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _mix(args: argparse.Namespace) -> list[TrafficClass]:
+    if args.mix and args.classes:
+        raise ValueError("give --mix or --class, not both")
+    if args.mix:
+        return load_mix(args.mix)
+    if args.classes:
+        mix = [parse_class(spec) for spec in args.classes]
+        names = [c.name for c in mix]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--class names must be unique, got {names}")
+        return mix
+    return list(DEFAULT_MIX)
+
+
+def _schedule(args: argparse.Namespace) -> tuple[list[PlannedRequest], str]:
+    """The schedule and a one-line description of the load."""
+    if args.trace:
+        if args.mix or args.classes:
+            raise ValueError("--trace replays the trace's sizes: drop --mix/--class")
+        schedule = trace_schedule(
+            args.trace,
+            speedup=args.speedup,
+            prompt_scale=args.prompt_scale,
+            output_scale=args.output_scale,
+            start=args.trace_start,
+            limit=args.trace_limit,
+            seed=args.seed,
+        )
+        if args.concurrency:
+            return schedule, f"trace sizes, closed loop, concurrency {args.concurrency}"
+        span = schedule[-1].at_s
+        return schedule, f"trace replay, {span:.1f} s at speedup {args.speedup:g}"
+    mix = _mix(args)
+    if args.concurrency is not None:
+        if args.concurrency < 1:
+            raise ValueError("--concurrency must be >= 1")
+        schedule = closed_schedule(mix, args.requests, args.seed)
+        return schedule, f"closed loop, concurrency {args.concurrency}"
+    schedule = poisson_schedule(mix, args.rate, args.duration, args.seed)
+    return schedule, f"open loop, {args.rate:g} req/s for {args.duration:g} s"
+
+
+def _params(args: argparse.Namespace, schedule: list[PlannedRequest], mode: str) -> dict[str, Any]:
+    params = {k: v for k, v in vars(args).items() if isinstance(v, str | int | float | list | None)}
+    params.pop("func", None)
+    params["mode"] = mode
+    params["requests_planned"] = len(schedule)
+    if not args.trace:
+        params["mix"] = [dataclasses.asdict(c) for c in _mix(args)]
+    return params
+
+
+async def _run_all(
+    args: argparse.Namespace, targets: list[str], schedule: list[PlannedRequest], mode: str
+) -> list[RunResult]:
+    retry = RetryPolicy(args.retries + 1, args.backoff, args.max_backoff)
+    extra_body = {"ignore_eos": True} if args.ignore_eos else None
+    progress = not args.no_progress and sys.stderr.isatty()
+    runs = []
+    for target in targets:
+        print(f"loadgen: {len(schedule)} requests ({mode}) -> {target}", file=sys.stderr)
+        options: dict[str, Any] = {
+            "retry": retry,
+            "timeout_s": args.timeout,
+            "model": args.model,
+            "extra_body": extra_body,
+            "progress": progress,
+        }
+        if args.concurrency:
+            runs.append(await run_closed_loop(target, schedule, args.concurrency, **options))
+        else:
+            runs.append(await run_open_loop(target, schedule, **options))
+    return runs
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the schedule against each target; 2 on bad flags, 1 if a target answered nothing OK."""
+    targets = args.target or [DEFAULT_TARGET]
+    try:
+        if args.retries < 0 or args.timeout <= 0:
+            raise ValueError("--retries must be >= 0 and --timeout > 0")
+        if args.json and not Path(args.json).resolve().parent.is_dir():
+            raise ValueError(f"--json {args.json}: no such directory")
+        schedule, mode = _schedule(args)
+        if not schedule:
+            raise ValueError("the schedule is empty: raise --rate, --duration or --requests")
+        params = _params(args, schedule, mode)
+    except (ValueError, OSError) as exc:
+        print(f"loadgen: {exc}", file=sys.stderr)
+        return 2
+    try:
+        runs = asyncio.run(_run_all(args, targets, schedule, mode))
+    except KeyboardInterrupt:
+        print("loadgen: interrupted", file=sys.stderr)
+        return 130
+    print(format_tables([(run.target, summarize_run(run)) for run in runs]), end="")
+    if args.json:
+        write_json(args.json, params, runs)
+    return 1 if any(not any(r.ok for r in run.results) for run in runs) else 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(
+        prog="python -m gateway.tools.loadgen",
+        description="Load generator: seeded short/long traffic, P50/P95/P99 per class.",
+    )
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))
