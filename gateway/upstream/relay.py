@@ -345,7 +345,11 @@ async def _relay_stream(
     record.completion_tokens = watcher.completion_tokens
     if not watcher.done:
         return await _fail_stream(client_response, plan, record, watcher, "ended before its end")
-    record.outcome = "ok"
+    if watcher.backend_error:  # relayed as the backend sent it; the log says what happened
+        record.outcome = "backend_error"
+        record.error_code = "backend_stream_error"
+    else:
+        record.outcome = "ok"
     await client_response.write_eof()
     return client_response
 

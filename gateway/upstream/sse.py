@@ -17,6 +17,8 @@ import json
 from typing import Any
 
 USAGE_MARKER = b'"usage"'
+#: A JSON key "error" (inside string values quotes are escaped, so text cannot match).
+ERROR_MARKER = b'"error"'
 DONE_PAYLOAD = b"[DONE]"
 EVENT_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -86,7 +88,14 @@ class StreamWatcher:
     forwarded without looking (`_boring`) once the first token has passed.
     """
 
-    __slots__ = ("strip_usage", "first_token_seen", "completion_tokens", "done", "_rest")
+    __slots__ = (
+        "strip_usage",
+        "first_token_seen",
+        "completion_tokens",
+        "done",
+        "backend_error",
+        "_rest",
+    )
 
     def __init__(self, *, strip_usage: bool = False) -> None:
         self.strip_usage = strip_usage
@@ -94,6 +103,8 @@ class StreamWatcher:
         self.completion_tokens: int | None = None
         #: The stream's own end marker was seen ([DONE], or TGI's final event).
         self.done = False
+        #: The backend reported an error inside the stream (`{"error": ...}`).
+        self.backend_error = False
         self._rest = b""
 
     def _boring(self, chunk: bytes) -> bool:
@@ -133,7 +144,7 @@ class OpenAIStreamWatcher(StreamWatcher):
     __slots__ = ()
 
     def _boring(self, chunk: bytes) -> bool:
-        if USAGE_MARKER in chunk:
+        if USAGE_MARKER in chunk or ERROR_MARKER in chunk:
             return False
         if not self.done and DONE_PAYLOAD in chunk:
             events, _ = _split_events(chunk)
@@ -149,7 +160,7 @@ class OpenAIStreamWatcher(StreamWatcher):
             self.done = True
             return True
         has_usage = USAGE_MARKER in payload
-        if self.first_token_seen and not has_usage:
+        if self.first_token_seen and not has_usage and ERROR_MARKER not in payload:
             return True
         try:
             chunk = json.loads(payload)
@@ -159,6 +170,8 @@ class OpenAIStreamWatcher(StreamWatcher):
             return True
         if not self.first_token_seen and has_content(chunk):
             self.first_token_seen = True
+        if "error" in chunk:
+            self.backend_error = True
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             tokens = usage.get("completion_tokens")
@@ -193,6 +206,9 @@ class TgiStreamWatcher(StreamWatcher):
         except ValueError:
             return True
         if not isinstance(chunk, dict):
+            return True
+        if "error" in chunk:  # TGI ends a failed stream with its error event
+            self.backend_error = self.done = True
             return True
         token = chunk.get("token")
         if not self.first_token_seen and isinstance(token, dict) and not token.get("special"):

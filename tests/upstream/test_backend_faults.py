@@ -251,3 +251,31 @@ async def test_backend_error_status_is_passed_through(
     assert body == {"error": {"message": "busy", "type": "x", "code": 42}}
     assert resp.headers["x-gateway-lane"] == "interactive"
     assert gateway.request_lines()[0]["outcome"] == "backend_error"
+
+
+async def test_error_event_inside_a_stream_is_relayed_and_logged(
+    start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    error = b'data: {"error": {"message": "engine died", "type": "server_error", "code": 500}}\n\n'
+
+    async def failing(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(CHUNK)
+        await response.write(error + DONE)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", failing)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        gateway = await start_gateway([str(server.make_url("")).rstrip("/")])
+        async with http.post(gateway.url + "/v1/chat/completions", json=chat(stream=True)) as resp:
+            raw = await resp.read()
+        assert raw == CHUNK + error + DONE  # unchanged, nothing added
+        line = gateway.request_lines()[0]
+        assert line["outcome"] == "backend_error" and line["status"] == 200
+    finally:
+        await server.close()
