@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint simulate check-config clean
+.PHONY: run test lint simulate check-config bench bench-trace bench-loop-lag clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,16 @@ simulate: $(STAMP)
 
 check-config: $(STAMP)
 	$(PY) -m gateway check-config $(ARGS)
+
+## bench: the tail benchmark (direct vs FIFO vs lanes, 80% and 120% load), ~15 min
+bench: $(STAMP)
+	$(PY) scripts/bench_tail.py $(ARGS)
+
+bench-trace: $(STAMP)
+	$(PY) scripts/bench_tail.py --scenario trace $(ARGS)
+
+bench-loop-lag: $(STAMP)
+	$(PY) scripts/bench_loop_lag.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -10,10 +11,12 @@ from typing import TextIO
 import tiktoken
 from aiohttp import web
 
+from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
 from gateway.http import openai, ops, tgi
 from gateway.http.middleware import error_envelope
+from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.metrics import GatewayMetrics
 from gateway.scheduling.scheduler import Scheduler
@@ -55,6 +58,7 @@ def build_app(
         upstream=UpstreamClient(settings.timeouts),
         events=make_logger(sys.stderr, settings.logging.level),
         health=HealthMonitor(pool, settings.health),
+        keys=ClientKeys(settings.api_keys),
     )
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -83,3 +87,19 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await state.health.stop()
     await state.upstream.close()
     state.counter.close()
+
+
+async def drain(app: web.Application, timeout_s: float) -> int:
+    """SIGTERM: refuse new work, send the queued away, let in-flight streams finish.
+
+    Returns how many requests were still in flight when the time ran out.
+    """
+    state = app[GATEWAY]
+    state.draining = True
+    refused = state.scheduler.fail_waiting(shutting_down())
+    state.events.info("draining", queued_refused=refused, in_flight=state.in_flight)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while state.in_flight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return state.in_flight

@@ -110,6 +110,8 @@ def check_config(settings: Settings) -> int:
         print(f"config error: [tokenizer].encoding: {exc}", file=sys.stderr)
         return 2
     effective = settings.to_dict()
+    for api_key in effective["api_keys"]:
+        api_key["key"] = "***"  # never print secrets
     effective["lane_slot_limits"] = {
         lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
     }
@@ -179,7 +181,10 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("gateway_stopping")
+    from gateway.app import drain
+
+    left = await drain(app, settings.server.drain_timeout_s)
+    log.info("gateway_stopping", in_flight_cut=left)
     await runner.cleanup()
 
 

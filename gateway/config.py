@@ -35,6 +35,8 @@ class ServerSettings:
     port: int = 8080
     #: Bodies larger than this are refused (413) before being read whole.
     max_body_bytes: int = 4 * 1024 * 1024
+    #: On SIGTERM, how long in-flight requests may take to finish before the exit.
+    drain_timeout_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -72,6 +74,22 @@ class BackendSettings:
     api_key: str | None = None
     #: Put the lane's priority in the body's `priority` (vLLM --scheduling-policy priority).
     priority_field: bool = False
+
+
+@dataclass(slots=True)
+class ApiKeySettings:
+    """A client API key. With any configured, every generation request needs one."""
+
+    #: For logs and metrics; the key itself is never logged.
+    name: str = ""
+    #: The secret the client sends as `Authorization: Bearer <key>`; better set by
+    #: environment (GATEWAY_API_KEYS_<INDEX>_KEY) than in a file.
+    key: str = ""
+    #: Lanes this key may use; None: all of them.
+    lanes: list[str] | None = None
+    #: May choose its lane with the `X-Gateway-Lane` header, whatever its budget
+    #: (for the rare long-context job that must get through).
+    allow_lane_override: bool = False
 
 
 @dataclass(slots=True)
@@ -159,6 +177,7 @@ class Settings:
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    api_keys: list[ApiKeySettings] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,7 +211,11 @@ TABLES: dict[str, type] = {
     "health": HealthSettings,
     "logging": LoggingSettings,
 }
-ARRAYS: dict[str, type] = {"backends": BackendSettings, "lanes": LaneSettings}
+ARRAYS: dict[str, type] = {
+    "backends": BackendSettings,
+    "lanes": LaneSettings,
+    "api_keys": ApiKeySettings,
+}
 
 
 def load_settings(
@@ -323,7 +346,13 @@ def _apply_env(settings: Settings, env: Mapping[str, str]) -> None:
         if rest.startswith("lanes_"):
             _apply_env_lane(settings, rest[len("lanes_") :], text, name)
         elif rest.startswith("backends_"):
-            _apply_env_backend(settings, rest[len("backends_") :], text, name)
+            _apply_env_indexed(
+                settings.backends, BackendSettings, rest[len("backends_") :], text, name
+            )
+        elif rest.startswith("api_keys_"):
+            _apply_env_indexed(
+                settings.api_keys, ApiKeySettings, rest[len("api_keys_") :], text, name
+            )
         # Other GATEWAY_* names (the CLI's own, e.g. GATEWAY_CONFIG) are not settings.
 
 
@@ -333,7 +362,7 @@ CLI_ENV_NAMES = frozenset({ENV_PREFIX + "CONFIG"})
 
 def unrecognized_env_names(env: Mapping[str, str]) -> list[str]:
     """GATEWAY_* variables that configure nothing (typos, or another tool's)."""
-    prefixes = [section + "_" for section in TABLES] + ["lanes_", "backends_"]
+    prefixes = [section + "_" for section in TABLES] + ["lanes_", "backends_", "api_keys_"]
     unknown = []
     for name in env:
         if not name.startswith(ENV_PREFIX) or name in CLI_ENV_NAMES:
@@ -362,11 +391,14 @@ def _apply_env_lane(settings: Settings, rest: str, text: str, name: str) -> None
     raise ConfigError(f"{name}: no lane named in it (lanes: {_lane_names(settings)})")
 
 
-def _apply_env_backend(settings: Settings, rest: str, text: str, name: str) -> None:
+def _apply_env_indexed(items: list[Any], cls: type, rest: str, text: str, name: str) -> None:
+    """GATEWAY_<ARRAY>_<INDEX>_<KEY>; an index one past the end adds an entry."""
     index_text, _, key = rest.partition("_")
-    if not index_text.isdigit() or int(index_text) >= len(settings.backends):
-        raise ConfigError(f"{name}: expected GATEWAY_BACKENDS_<index>_<key> of an existing backend")
-    _set_field(settings.backends[int(index_text)], BackendSettings, key, text, name)
+    if not index_text.isdigit() or int(index_text) > len(items):
+        raise ConfigError(f"{name}: expected <index>_<key> with an index of an existing entry")
+    if int(index_text) == len(items):
+        items.append(cls())
+    _set_field(items[int(index_text)], cls, key, text, name)
 
 
 def _set_field(obj: Any, cls: type, key: str, text: str, where: str) -> None:
@@ -416,6 +448,7 @@ def validate(settings: Settings) -> None:
     if not 0 < s.server.port < 65536:
         raise ConfigError(f"[server].port: must be 1-65535, got {s.server.port}")
     _positive("[server].max_body_bytes", s.server.max_body_bytes)
+    _positive("[server].drain_timeout_s", s.server.drain_timeout_s)
     if not s.tokenizer.encoding:
         raise ConfigError("[tokenizer].encoding: must not be empty")
     _positive("[limits].max_prompt_tokens", s.limits.max_prompt_tokens)
@@ -480,6 +513,20 @@ def validate(settings: Settings) -> None:
     timeouts = dataclasses.asdict(s.timeouts)
     for key, value in timeouts.items():
         _positive(f"[timeouts].{key}", value)
+    lane_names = {lane.name for lane in s.lanes}
+    seen_keys: set[str] = set()
+    for index, api_key in enumerate(s.api_keys):
+        where = f"[[api_keys]] #{index + 1}"
+        if len(api_key.key) < 8:
+            raise ConfigError(f"{where}.key: must be at least 8 characters")
+        if api_key.key in seen_keys:
+            raise ConfigError(f"{where}.key: the same key twice")
+        seen_keys.add(api_key.key)
+        unknown_lanes = sorted(set(api_key.lanes or ()) - lane_names)
+        if unknown_lanes:
+            raise ConfigError(f"{where}.lanes: no lane named {', '.join(unknown_lanes)}")
+        if not api_key.name:
+            api_key.name = f"key{index + 1}"
     health = s.health
     for key in ("interval_s", "timeout_s", "eject_base_s", "eject_max_s"):
         _positive(f"[health].{key}", getattr(health, key))

@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter
 from gateway.config import Settings
 from gateway.observability.logs import RequestLog
@@ -30,6 +31,13 @@ class GatewayState:
     #: The gateway's own lifecycle and error events (stderr), as opposed to request lines.
     events: Any
     health: HealthMonitor
+    keys: ClientKeys
+    #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
+    draining: bool = False
+
+    @property
+    def in_flight(self) -> int:
+        return sum(backend.in_flight for backend in self.pool.backends)
 
     def finish(self, record: RequestRecord) -> None:
         """Every request ends here exactly once: its log line and its metrics."""

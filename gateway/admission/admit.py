@@ -143,8 +143,14 @@ async def measure_tgi(
     )
 
 
-def admit(shape: RequestShape, settings: Settings) -> Admission:
-    """Apply the caps, choose the lane and shape the backend body; GatewayError if refused."""
+def admit(
+    shape: RequestShape, settings: Settings, lane_override: LaneSettings | None = None
+) -> Admission:
+    """Apply the caps, choose the lane and shape the backend body; GatewayError if refused.
+
+    `lane_override` (a key allowed to choose its lane) skips the lanes' size
+    limits, not the caps.
+    """
     prompt_param = {CHAT: "messages", COMPLETION: "prompt", TGI: "inputs"}[shape.kind]
     check_prompt(shape.prompt_tokens, settings.limits, prompt_param)
     budget = decide_output_budget(
@@ -156,7 +162,7 @@ def admit(shape: RequestShape, settings: Settings) -> Admission:
         param=(shape.max_tokens_fields or ("max_tokens",))[0],
         longest_prompt_tokens=shape.longest_prompt_tokens,
     )
-    lane = choose_lane(settings.lanes, shape.prompt_tokens, budget.total)
+    lane = lane_override or choose_lane(settings.lanes, shape.prompt_tokens, budget.total)
     if lane is None:
         raise GatewayError(
             413,

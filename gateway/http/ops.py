@@ -16,6 +16,8 @@ async def healthz(request: web.Request) -> web.Response:
 async def readyz(request: web.Request) -> web.Response:
     """Ready to take traffic: the tokenizer is loaded and a backend is available."""
     state = request.app[GATEWAY]
+    if state.draining:
+        return web.json_response({"status": "not_ready", "reason": "shutting down"}, status=503)
     if not state.pool.has_available():
         reason = "no healthy backend" if state.pool.backends else "no backend configured"
         return web.json_response({"status": "not_ready", "reason": reason}, status=503)

@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admission.admit import TGI, Admission, RequestShape, admit
+from gateway.admission.auth import check_lane_allowed, lane_override
 from gateway.errors import GatewayError, invalid_request
 from gateway.http.errors import error_response
 from gateway.observability.record import RequestRecord
@@ -127,6 +128,11 @@ async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.
     headers = {"x-request-id": record.request_id}
     grant: Grant | None = None
     try:
+        if state.draining:
+            raise shutting_down()
+        client = state.keys.identify(request.headers.get("Authorization"))
+        if client is not None:
+            record.client = client.name
         body = await read_json_object(request, state.settings.server.max_body_bytes)
         shape = await route.measure(body, state)
         record.model = shape.model
@@ -134,7 +140,17 @@ async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.
         record.prompt_tokens = shape.prompt_tokens
         record.max_tokens_requested = shape.requested_max_tokens
         headers["x-gateway-prompt-tokens"] = str(shape.prompt_tokens)
-        admission = admit(shape, state.settings)
+        requested_lane = request.headers.get("X-Gateway-Lane")
+        override = lane_override(client, requested_lane, state.settings.lanes)
+        if requested_lane and override is None:
+            state.events.warning(
+                "lane_override_ignored",
+                request_id=record.request_id,
+                client=record.client,
+                requested=requested_lane[:64],
+            )
+        admission = admit(shape, state.settings, override)
+        check_lane_allowed(client, admission.lane)
         lane = admission.lane.name
         record.lane = lane
         record.max_tokens = admission.budget.max_tokens
@@ -195,6 +211,16 @@ async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.
             state.scheduler.release(grant)
         record.end = loop.time()
         state.finish(record)
+
+
+def shutting_down() -> GatewayError:
+    return GatewayError(
+        503,
+        "shutting_down",
+        "This gateway is shutting down; retry on another instance.",
+        retry_after_s=1,
+        outcome="rejected_shutting_down",
+    )
 
 
 def report_outcome(state: GatewayState, backend: Backend, record: RequestRecord) -> None:

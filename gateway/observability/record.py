@@ -23,6 +23,8 @@ class RequestRecord:
     route: str
     arrival: float
     model: str | None = None
+    #: The API key's name, when keys are configured.
+    client: str | None = None
     stream: bool = False
     lane: str | None = None
     backend: str | None = None
@@ -75,6 +77,7 @@ class RequestRecord:
             "request_id": self.request_id,
             "route": self.route,
             "model": self.model,
+            "client": self.client,
             "stream": self.stream,
             "lane": self.lane,
             "backend": self.backend,

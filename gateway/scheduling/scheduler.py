@@ -228,6 +228,17 @@ class Scheduler:
         self._dispatch()
         return True
 
+    def fail_waiting(self, error: GatewayError) -> int:
+        """Answer every queued request with `error` (shutdown); returns how many."""
+        failed = 0
+        for lane in self._lanes:
+            while lane.queue:
+                waiter = lane.queue.popleft()
+                if not waiter.future.done():
+                    waiter.future.set_exception(error)
+                    failed += 1
+        return failed
+
     def notify_capacity(self) -> None:
         """Slots appeared outside of `release` (a backend came back): serve the queues."""
         self._dispatch()
