@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint simulate check-config bench bench-trace bench-loop-lag clean
+.PHONY: run test lint simulate check-config bench bench-trace bench-real bench-loop-lag clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ bench: $(STAMP)
 
 bench-trace: $(STAMP)
 	$(PY) scripts/bench_tail.py --scenario trace $(ARGS)
+
+## bench-real: the tail benchmark against llama.cpp's server + Gemma 3 270M (builds once, ~10 min)
+bench-real: $(STAMP)
+	mkdir -p results
+	scripts/bench_real.sh $(ARGS)
 
 bench-loop-lag: $(STAMP)
 	$(PY) scripts/bench_loop_lag.py $(ARGS)

@@ -48,7 +48,9 @@ from gateway.tools.loadgen import (  # noqa: E402
     DEFAULT_MIX,
     PlannedRequest,
     RunResult,
+    TrafficClass,
     closed_schedule,
+    load_mix,
     poisson_schedule,
     run_closed_loop,
     run_open_loop,
@@ -63,6 +65,8 @@ GATEWAY_CODES = ("queue_full", "wait_too_long", "queue_timeout", "no_backend")
 #: Time-to-first-token objectives per class for "SLO goodput": the default lanes' queue
 #: timeouts, i.e. how long the operator said a request of that size may wait.
 TTFT_SLO_MS = {"short": 5_000.0, "long": 30_000.0}
+#: Extra body fields for every request (`--ignore-eos` for llama.cpp's base models).
+EXTRA_BODY: dict[str, Any] = {}
 
 
 def free_port() -> int:
@@ -113,6 +117,10 @@ async def start_simulator() -> Process:
     return process
 
 
+#: TOML appended to the lanes gateway's config (`--lanes-config FILE`), to try other lanes.
+LANES_EXTRA = ""
+
+
 def gateway_config(kind: str, backend: str, slots: int) -> str:
     """TOML for the FIFO baseline or the default lanes, in front of `backend`."""
     backend_toml = f'[[backends]]\nurl = "{backend}"\nname = "backend"\nmax_concurrency = {slots}\n'
@@ -123,7 +131,7 @@ def gateway_config(kind: str, backend: str, slots: int) -> str:
             + '[[lanes]]\nname = "fifo"\nqueue_timeout_s = 300\nmax_queue_depth = 100000\n'
             + "reject_predicted_wait = false\n"
         )
-    return backend_toml  # the default lanes and prefill budget
+    return backend_toml + LANES_EXTRA  # the default lanes and prefill budget, unless given
 
 
 async def start_gateway(kind: str, backend: str, slots: int, out_dir: Path, tag: str) -> Process:
@@ -151,7 +159,9 @@ async def measure_capacity(
     backend: str, sample: list[PlannedRequest], slots: int, model: str
 ) -> float:
     """Requests/s the backend completes for this traffic when never idle (closed loop)."""
-    run = await run_closed_loop(backend, sample, concurrency=2 * slots, model=model)
+    run = await run_closed_loop(
+        backend, sample, concurrency=2 * slots, model=model, extra_body=EXTRA_BODY
+    )
     ok = sum(r.ok for r in run.results)
     return ok / run.wall_s
 
@@ -163,13 +173,13 @@ async def measure_floor(backend: str, long_tokens: int, model: str) -> dict[str,
     request past a prefill already running in the engine.
     """
     probe = closed_schedule(
-        [DEFAULT_MIX[0].__class__("long", 1.0, (long_tokens, long_tokens), 1)], 1, seed=99
-    ) + closed_schedule([DEFAULT_MIX[0].__class__("short", 1.0, (50, 50), 8)], 1, seed=98)
+        [TrafficClass("long", 1.0, (long_tokens, long_tokens), 1)], 1, seed=99
+    ) + closed_schedule([TrafficClass("short", 1.0, (50, 50), 8)], 1, seed=98)
     long_req, short_req = probe[0], probe[1]
     short_req.index = 1
-    alone = await run_open_loop(backend, [short_req], model=model)
+    alone = await run_open_loop(backend, [short_req], model=model, extra_body=EXTRA_BODY)
     short_req.at_s, long_req.at_s = 0.02, 0.0
-    behind = await run_open_loop(backend, [long_req, short_req], model=model)
+    behind = await run_open_loop(backend, [long_req, short_req], model=model, extra_body=EXTRA_BODY)
     short_behind = next(r for r in behind.results if r.cls == "short")
     return {
         "short_alone_ttft_ms": alone.results[0].ttft_ms or math.nan,
@@ -237,7 +247,9 @@ async def run_target(
     name: str, url: str, schedule: list[PlannedRequest], model: str, timeout_s: float
 ) -> Row:
     print(f"    {name:<11} {len(schedule)} requests ...", flush=True)
-    run = await run_open_loop(url, schedule, model=model, timeout_s=timeout_s)
+    run = await run_open_loop(
+        url, schedule, model=model, timeout_s=timeout_s, extra_body=EXTRA_BODY
+    )
     row = Row(name, summarize_run(run), run)
     await asyncio.sleep(1.0)  # let the backend settle
     return row
@@ -380,9 +392,13 @@ def check_targets(
 # ------------------------------------------------------------------------------ main
 
 
+def traffic_mix(args: argparse.Namespace) -> list[TrafficClass]:
+    return load_mix(args.mix) if args.mix else DEFAULT_MIX
+
+
 def build_schedule(args: argparse.Namespace, rate: float, duration: float) -> list[PlannedRequest]:
     if args.scenario == "mix":
-        return poisson_schedule(DEFAULT_MIX, rate, duration, args.seed)
+        return poisson_schedule(traffic_mix(args), rate, duration, args.seed)
     native = trace_native_rate(args)
     return trace_schedule(
         args.trace,
@@ -410,7 +426,7 @@ def trace_native_rate(args: argparse.Namespace) -> float:
 
 def calibration_sample(args: argparse.Namespace) -> list[PlannedRequest]:
     if args.scenario == "mix":
-        return closed_schedule(DEFAULT_MIX, args.calibration_requests, args.seed + 1)
+        return closed_schedule(traffic_mix(args), args.calibration_requests, args.seed + 1)
     return trace_schedule(
         args.trace,
         speedup=1.0,
@@ -425,6 +441,16 @@ def calibration_sample(args: argparse.Namespace) -> list[PlannedRequest]:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", choices=("mix", "trace"), default="mix")
+    parser.add_argument(
+        "--mix",
+        help="a loadgen mix TOML file instead of the default mix "
+        "(class names 'short' and 'long' are what the targets check)",
+    )
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help='send "ignore_eos": true (fixed-length replies from base models)',
+    )
     parser.add_argument(
         "--duration", type=float, default=60.0, help="seconds of arrivals per run below capacity"
     )
@@ -456,6 +482,12 @@ async def main() -> int:
     )
     parser.add_argument("--out", default="results/bench_tail", help="folder for JSON and logs")
     args = parser.parse_args()
+    if args.ignore_eos:
+        EXTRA_BODY["ignore_eos"] = True
+    if args.lanes_config:
+        global LANES_EXTRA
+        LANES_EXTRA = "\n" + Path(args.lanes_config).read_text()
+    wanted = set(args.targets.split(","))
     out_dir = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -475,7 +507,9 @@ async def main() -> int:
             capacity = await measure_capacity(
                 backend, calibration_sample(args), args.slots, args.model
             )
-        long_tokens = DEFAULT_MIX[1].prompt_tokens[1] if args.scenario == "mix" else 3000
+        long_tokens = (
+            max(c.prompt_tokens[1] for c in traffic_mix(args)) if args.scenario == "mix" else 3000
+        )
         floor = await measure_floor(backend, long_tokens, args.model)
         floor_ms = floor["short_behind_one_long_prefill_ttft_ms"]
         print(
@@ -503,18 +537,25 @@ async def main() -> int:
             fifo = await start_gateway("fifo", backend, args.slots, out_dir, tag)
             lanes = await start_gateway("lanes", backend, args.slots, out_dir, tag)
             processes += [fifo, lanes]
+            runs = {
+                "direct": (backend, schedule),
+                "fifo": (fifo.url, schedule),
+                "lanes": (lanes.url, schedule),
+                "short-only": (backend, short_only),
+            }
             rows = {
-                "direct": await run_target("direct", backend, schedule, args.model, args.timeout),
-                "fifo": await run_target("fifo", fifo.url, schedule, args.model, args.timeout),
-                "lanes": await run_target("lanes", lanes.url, schedule, args.model, args.timeout),
-                "short-only": await run_target(
-                    "short-only", backend, short_only, args.model, args.timeout
-                ),
+                name: await run_target(name, url, plan, args.model, args.timeout)
+                for name, (url, plan) in runs.items()
+                if name in wanted
             }
             fifo.stop()
             lanes.stop()
             print_table(load, rate, list(rows.values()))
-            checks = check_targets(load, rows, floor_ms, overload=load > 1.0)
+            checks = (
+                check_targets(load, rows, floor_ms, overload=load > 1.0)
+                if {"direct", "lanes"} <= set(rows)
+                else []
+            )
             for name, passed, figures in checks:
                 all_passed &= passed
                 print(f"  [{'PASS' if passed else 'FAIL'}] {name}: {figures}")

@@ -50,7 +50,18 @@ def request_id_of(request: web.Request) -> str:
 
 
 async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 before reading when it is too big, 400 when not JSON."""
+    """The body as a JSON object; 413 before reading when it is too big, 400 when not JSON.
+
+    A body declared as something other than JSON gets 415; no Content-Type at all
+    is read as JSON (some minimal clients send none).
+    """
+    content_type = request.headers.get("Content-Type")
+    if content_type is not None and not _is_json_type(request.content_type):
+        raise GatewayError(
+            415,
+            "unsupported_media_type",
+            "Send the body as JSON with 'Content-Type: application/json'.",
+        )
     length = request.content_length
     if length is not None and length > max_bytes:
         raise body_too_large(max_bytes)
@@ -65,6 +76,10 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
     if not isinstance(body, dict):
         raise invalid_request("The request body must be a JSON object.")
     return body
+
+
+def _is_json_type(media_type: str) -> bool:
+    return media_type == "application/json" or media_type.endswith("+json")
 
 
 def body_too_large(max_bytes: int) -> GatewayError:

@@ -61,7 +61,10 @@ async def test_body_over_the_byte_limit_is_refused_before_being_read(
     server = await start(build_app(settings, encoding=encoding()))
     try:
         big = b'{"messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}'
-        async with http.post(server.make_url("/v1/chat/completions"), data=big) as resp:
+        json_type = {"Content-Type": "application/json"}
+        async with http.post(
+            server.make_url("/v1/chat/completions"), data=big, headers=json_type
+        ) as resp:
             body = await resp.json()
         assert resp.status == 413 and body["error"]["code"] == "body_too_large"
 
@@ -69,8 +72,28 @@ async def test_body_over_the_byte_limit_is_refused_before_being_read(
             for _ in range(10):
                 yield b"x" * 500  # no Content-Length: chunked, cut off by the reader
 
-        async with http.post(server.make_url("/v1/chat/completions"), data=chunks()) as resp:
+        async with http.post(
+            server.make_url("/v1/chat/completions"), data=chunks(), headers=json_type
+        ) as resp:
             body = await resp.json()
         assert resp.status == 413 and body["error"]["code"] == "body_too_large"
+    finally:
+        await server.close()
+
+
+async def test_a_body_declared_as_something_else_than_json_gets_415(
+    http: aiohttp.ClientSession,
+) -> None:
+    settings = Settings(backends=[BackendSettings(url="http://127.0.0.1:9", name="b")])
+    server = await start(build_app(settings, encoding=encoding()))
+    try:
+        body = b'{"messages": [{"role": "user", "content": "hi"}]}'
+        async with http.post(
+            server.make_url("/v1/chat/completions"),
+            data=body,
+            headers={"Content-Type": "text/plain"},
+        ) as resp:
+            answer = await resp.json()
+        assert resp.status == 415 and answer["error"]["code"] == "unsupported_media_type"
     finally:
         await server.close()
