@@ -100,6 +100,7 @@ async def drain(app: web.Application, timeout_s: float) -> int:
     state.events.info("draining", queued_refused=refused, in_flight=state.in_flight)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while state.in_flight and loop.time() < deadline:
+    # Polling for a few seconds at shutdown is simpler than an event on every release.
+    while state.in_flight and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     return state.in_flight
