@@ -65,7 +65,7 @@ class Admission:
 
 
 async def measure_openai(
-    body: dict[str, Any], kind: str, settings: Settings, counter: TokenCounter
+    body: dict[str, Any], settings: Settings, counter: TokenCounter, *, kind: str
 ) -> RequestShape:
     """Validate a `/v1/chat/completions` (kind=CHAT) or `/v1/completions` body and count it."""
     model = body.get("model")
@@ -107,7 +107,7 @@ async def measure_openai(
 
 
 async def measure_tgi(
-    body: dict[str, Any], stream: bool | None, settings: Settings, counter: TokenCounter
+    body: dict[str, Any], settings: Settings, counter: TokenCounter, *, stream: bool | None
 ) -> RequestShape:
     """Validate a TGI `/generate`, `/generate_stream` or `/` body and count it.
 

@@ -2,35 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
 
 from aiohttp import web
 
-from gateway.admission.admit import CHAT, COMPLETION, RequestShape, measure_openai
+from gateway.admission.admit import CHAT, COMPLETION, measure_openai
 from gateway.errors import GatewayError
 from gateway.http.errors import error_response
-from gateway.http.proxy import Route, proxy, request_id_of
-from gateway.state import GATEWAY, GatewayState
+from gateway.http.proxy import request_id_of, route_handler
+from gateway.state import GATEWAY
 
-
-async def _measure_chat(body: dict[str, Any], state: GatewayState) -> RequestShape:
-    return await measure_openai(body, CHAT, state.settings, state.counter)
-
-
-async def _measure_completion(body: dict[str, Any], state: GatewayState) -> RequestShape:
-    return await measure_openai(body, COMPLETION, state.settings, state.counter)
-
-
-CHAT_ROUTE = Route("/v1/chat/completions", _measure_chat)
-COMPLETION_ROUTE = Route("/v1/completions", _measure_completion)
-
-
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, request.app[GATEWAY], CHAT_ROUTE)
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, request.app[GATEWAY], COMPLETION_ROUTE)
+chat_completions = route_handler("/v1/chat/completions", partial(measure_openai, kind=CHAT))
+completions = route_handler("/v1/completions", partial(measure_openai, kind=COMPLETION))
 
 
 async def models(request: web.Request) -> web.Response:

@@ -18,11 +18,13 @@ from aiohttp import web
 
 from gateway.admission.admit import TGI, Admission, RequestShape, admit
 from gateway.admission.auth import check_lane_allowed, lane_override
+from gateway.admission.tokens import TokenCounter
+from gateway.config import Settings
 from gateway.errors import GatewayError, invalid_request
 from gateway.http.errors import error_response
 from gateway.observability.record import RequestRecord
 from gateway.scheduling.scheduler import Grant
-from gateway.state import GatewayState
+from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.pool import Backend
 from gateway.upstream.relay import BackendFailure, RelayPlan, relay
 
@@ -30,7 +32,9 @@ MAX_REQUEST_ID_LENGTH = 128
 #: A request that failed before its first byte is retried once, on another backend.
 MAX_ATTEMPTS = 2
 
-Measure = Callable[[dict[str, Any], GatewayState], Awaitable[RequestShape]]
+#: Validates and counts a body: `measure(body, settings, counter)`.
+Measure = Callable[[dict[str, Any], Settings, TokenCounter], Awaitable[RequestShape]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,16 @@ class Route:
 
     backend_path: str
     measure: Measure
+
+
+def route_handler(backend_path: str, measure: Measure) -> Handler:
+    """An aiohttp handler sending requests measured by `measure` to `backend_path`."""
+    route = Route(backend_path, measure)
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await proxy(request, request.app[GATEWAY], route)
+
+    return handle
 
 
 def request_id_of(request: web.Request) -> str:
@@ -149,7 +163,7 @@ async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.
         if client is not None:
             record.client = client.name
         body = await read_json_object(request, state.settings.server.max_body_bytes)
-        shape = await route.measure(body, state)
+        shape = await route.measure(body, state.settings, state.counter)
         record.model = shape.model
         record.stream = shape.stream
         record.prompt_tokens = shape.prompt_tokens

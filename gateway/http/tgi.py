@@ -7,44 +7,18 @@ the same lanes, queues and records; TTFT from the first token event.
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
 
 from aiohttp import web
 
-from gateway.admission.admit import RequestShape, measure_tgi
+from gateway.admission.admit import measure_tgi
 from gateway.http.openai import pass_through_get
-from gateway.http.proxy import Route, proxy
-from gateway.state import GATEWAY, GatewayState
+from gateway.http.proxy import route_handler
 
-
-async def _measure_generate(body: dict[str, Any], state: GatewayState) -> RequestShape:
-    return await measure_tgi(body, False, state.settings, state.counter)
-
-
-async def _measure_generate_stream(body: dict[str, Any], state: GatewayState) -> RequestShape:
-    return await measure_tgi(body, True, state.settings, state.counter)
-
-
-async def _measure_compat(body: dict[str, Any], state: GatewayState) -> RequestShape:
-    return await measure_tgi(body, None, state.settings, state.counter)
-
-
-GENERATE_ROUTE = Route("/generate", _measure_generate)
-GENERATE_STREAM_ROUTE = Route("/generate_stream", _measure_generate_stream)
+generate = route_handler("/generate", partial(measure_tgi, stream=False))
+generate_stream = route_handler("/generate_stream", partial(measure_tgi, stream=True))
 #: TGI's `/` takes `"stream"` in the body; huggingface_hub's InferenceClient posts here.
-COMPAT_ROUTE = Route("/", _measure_compat)
-
-
-async def generate(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, request.app[GATEWAY], GENERATE_ROUTE)
-
-
-async def generate_stream(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, request.app[GATEWAY], GENERATE_STREAM_ROUTE)
-
-
-async def compat(request: web.Request) -> web.StreamResponse:
-    return await proxy(request, request.app[GATEWAY], COMPAT_ROUTE)
+compat = route_handler("/", partial(measure_tgi, stream=None))
 
 
 async def info(request: web.Request) -> web.Response:

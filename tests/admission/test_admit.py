@@ -42,7 +42,7 @@ def settings() -> Settings:
 async def admit_body(
     body: dict[str, Any], settings: Settings, counter: TokenCounter, kind: str = CHAT
 ) -> tuple[RequestShape, Admission]:
-    shape = await measure_openai(body, kind, settings, counter)
+    shape = await measure_openai(body, settings, counter, kind=kind)
     return shape, admit(shape, settings)
 
 
@@ -364,7 +364,7 @@ async def test_shape_records_what_the_client_asked(
     settings: Settings, counter: TokenCounter
 ) -> None:
     body = {"messages": HELLO, "n": 3, "max_completion_tokens": 50, "max_tokens": None}
-    shape = await measure_openai(body, CHAT, settings, counter)
+    shape = await measure_openai(body, settings, counter, kind=CHAT)
     assert shape.kind == CHAT
     assert (shape.n, shape.prompt_count) == (3, 1)
     assert shape.requested_max_tokens == 50
@@ -374,7 +374,7 @@ async def test_shape_records_what_the_client_asked(
 
 async def test_completions_read_only_max_tokens(settings: Settings, counter: TokenCounter) -> None:
     body = {"prompt": ["a", "b", "c"], "max_completion_tokens": 50}
-    shape = await measure_openai(body, COMPLETION, settings, counter)
+    shape = await measure_openai(body, settings, counter, kind=COMPLETION)
     assert shape.requested_max_tokens is None
     assert shape.max_tokens_fields == ()
     assert shape.prompt_count == 3
