@@ -107,8 +107,12 @@ class LaneSettings:
     queue_timeout_s: float = 30.0
     #: A request arriving at a queue this deep gets 429 queue_full at once.
     max_queue_depth: int = 256
-    #: A request queued longer than this is served before higher lanes (no starvation).
+    #: A request queued longer than this is served before higher lanes (no starvation)
+    #: while its lane holds fewer than `promoted_slots` slots.
     promote_after_s: float | None = None
+    #: How many slots promotion guarantees an aged lane. A lane that already runs this
+    #: many is progressing, not starving, and higher lanes keep their priority.
+    promoted_slots: int = 1
     #: Refuse at once (429 wait_too_long) when the predicted wait exceeds queue_timeout_s.
     reject_predicted_wait: bool = True
     #: Names of the backends this lane may use; None: all of them.
@@ -501,6 +505,7 @@ def validate(settings: Settings) -> None:
             raise ConfigError(f"{where}.max_queue_depth: must be >= 0")
         if lane.promote_after_s is not None:
             _positive(f"{where}.promote_after_s", lane.promote_after_s)
+        _positive(f"{where}.promoted_slots", lane.promoted_slots)
         if lane.backends is not None:
             unknown = sorted(set(lane.backends) - seen_backends)
             if unknown and s.backends:

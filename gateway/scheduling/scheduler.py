@@ -2,7 +2,9 @@
 
 A free slot goes to the oldest request of the highest-priority lane that may
 take one; a request queued longer than its lane's `promote_after_s` goes before
-all of them (oldest promoted first), so long requests are never starved. A lane
+all of them (oldest promoted first) while its lane runs fewer than
+`promoted_slots` requests, so long requests are never starved, yet a lane that
+is already progressing does not take slots from short requests waiting. A lane
 never holds more than its slot limit, so long requests can never fill every
 slot. Requests that would wait too long are refused at the door (429) instead
 of rotting in memory, and those that did wait too long get 503: a client with a
@@ -263,6 +265,7 @@ class Scheduler:
                 lane
                 for lane in ready
                 if lane.settings.promote_after_s is not None
+                and lane.in_flight < lane.settings.promoted_slots
                 and now - lane.queue[0].enqueued_at >= lane.settings.promote_after_s
             ),
             key=lambda lane: lane.queue[0].enqueued_at,

@@ -217,3 +217,20 @@ async def test_release_is_idempotent() -> None:
     scheduler.release(grant)
     scheduler.release(grant)
     assert source.free == 1 and scheduler.lane("interactive").in_flight == 0
+
+
+async def test_promotion_guarantees_progress_not_priority() -> None:
+    """An aged lane that already runs its promoted_slots does not cut in front."""
+    scheduler, _ = make(2, bulk={"promote_after_s": 0.05, "promoted_slots": 1})
+    running_bulk = await scheduler.acquire("bulk")
+    held = await scheduler.acquire("interactive")
+    aged = asyncio.create_task(scheduler.acquire("bulk"))
+    await asyncio.sleep(0.1)  # past promote_after_s, but bulk already runs one
+    short = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    scheduler.release(held)
+    await settle()
+    assert short.done() and not aged.done()
+    scheduler.release(short.result())
+    scheduler.release(await asyncio.wait_for(aged, 1))
+    scheduler.release(running_bulk)
