@@ -16,7 +16,10 @@ the GIL while encoding, so other requests' chunks keep flowing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -205,6 +208,12 @@ def _is_token_id(value: Any) -> bool:
     return type(value) is int and 0 <= value <= MAX_TOKEN_ID
 
 
+def _lower_thread_priority() -> None:
+    """Let the OS prefer the event loop's thread over the tokenizer's (Linux: per thread)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
 def _size(parts: PromptParts, text_counts: list[int]) -> PromptSize:
     total = parts.fixed_tokens + sum(text_counts)
     if parts.prompt_count == 1:
@@ -226,8 +235,10 @@ class TokenCounter:
     ) -> None:
         self.encoding = encoding
         self.offload_min_chars = offload_min_chars
+        # One low-priority worker: big prompts are rare, and on a small machine two busy
+        # encoder threads would take the cores the event loop needs to relay streams.
         self._executor = executor or ThreadPoolExecutor(
-            max_workers=2, thread_name_prefix="tokenizer"
+            max_workers=1, thread_name_prefix="tokenizer", initializer=_lower_thread_priority
         )
 
     def count_texts(self, texts: Sequence[str]) -> int:

@@ -1,0 +1,78 @@
+"""The stream watcher: bytes unchanged, first token, usage, end markers, and linear cost."""
+
+from __future__ import annotations
+
+import time
+
+from gateway.upstream.sse import OpenAIStreamWatcher, TgiStreamWatcher
+
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"word "}}]}\n\n'
+USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def feed_all(watcher: OpenAIStreamWatcher | TgiStreamWatcher, stream: bytes, size: int) -> bytes:
+    out = b"".join(watcher.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+    return out + watcher.flush()
+
+
+def test_any_chunking_gives_the_same_bytes_and_facts() -> None:
+    stream = ROLE + TOKEN * 3 + USAGE + DONE
+    for size in (1, 3, 7, 64, len(stream)):
+        kept = OpenAIStreamWatcher(strip_usage=False)
+        assert feed_all(kept, stream, size) == stream
+        assert kept.first_token_seen and kept.done and kept.completion_tokens == 3
+        stripped = OpenAIStreamWatcher(strip_usage=True)
+        assert feed_all(stripped, stream, size) == ROLE + TOKEN * 3 + DONE
+        assert stripped.completion_tokens == 3
+
+
+def test_role_chunk_is_not_a_first_token() -> None:
+    watcher = OpenAIStreamWatcher(strip_usage=False)
+    watcher.feed(ROLE)
+    assert not watcher.first_token_seen
+    watcher.feed(TOKEN)
+    assert watcher.first_token_seen
+
+
+def test_crlf_framing_and_comments_pass_unchanged() -> None:
+    stream = (ROLE + b": keep-alive\n\n" + TOKEN + DONE).replace(b"\n", b"\r\n")
+    watcher = OpenAIStreamWatcher(strip_usage=True)
+    assert feed_all(watcher, stream, 5) == stream
+    assert watcher.first_token_seen and watcher.done
+
+
+def test_big_buffers_cut_mid_event_cost_linear_time() -> None:
+    """A slow client makes aiohttp hand over big buffers; they must not cost O(n^2)."""
+    watcher = OpenAIStreamWatcher(strip_usage=True)
+    watcher.feed(ROLE + TOKEN)
+    timings = {}
+    for events in (200, 2000):
+        buffer = TOKEN * events + TOKEN[:20]  # ends mid-event
+        started = time.perf_counter()
+        for _ in range(5):
+            out = watcher.feed(buffer)
+            watcher.feed(TOKEN[20:])  # completes the cut event
+        timings[events] = (time.perf_counter() - started) / 5
+        assert out == TOKEN * events
+    # 10x the events should cost ~10x the time; a quadratic scan costs ~100x.
+    assert timings[2000] < 30 * timings[200] + 0.002, timings
+
+
+def test_a_stream_without_event_ends_is_not_buffered_without_bound() -> None:
+    watcher = OpenAIStreamWatcher(strip_usage=False)
+    junk = b"x" * (1 << 20)
+    assert watcher.feed(junk) == b""
+    assert watcher.feed(b"y" * 10) == junk + b"y" * 10
+
+
+def test_tgi_stream_first_token_final_details_and_errors() -> None:
+    token = b'data:{"index":1,"token":{"id":1,"text":"a","special":false},"generated_text":null,"details":null}\n\n'
+    final = b'data:{"index":2,"token":{"id":2,"text":"b","special":false},"generated_text":"ab","details":{"finish_reason":"length","generated_tokens":2}}\n\n'
+    watcher = TgiStreamWatcher()
+    assert feed_all(watcher, token + final, 9) == token + final
+    assert watcher.first_token_seen and watcher.done and watcher.completion_tokens == 2
+    failed = TgiStreamWatcher()
+    failed.feed(b'data:{"error":"boom","error_type":"generation"}\n\n')
+    assert failed.done and failed.backend_error
