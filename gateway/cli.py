@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -149,7 +149,8 @@ def serve(settings: Settings) -> int:
             return 2
         for warning in consistency_warnings(settings):
             log.warning("config_warning", detail=warning)
-        asyncio.run(_run(app, settings, log))
+        with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+            runner.run(_run(app, settings, log))
         return 0
     finally:
         if simulator is not None:
@@ -165,6 +166,17 @@ def _with_backend(settings: Settings, url: str) -> Settings:
     return settings
 
 
+def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when asked for and installed; else asyncio's default."""
+    if not settings.server.uvloop:
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 async def _run(app: web.Application, settings: Settings, log: Any) -> None:
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -172,6 +184,7 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
     await site.start()
     log.info(
         "gateway_started",
+        event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
         url=f"http://{settings.server.host}:{settings.server.port}",
         backends=[b.url for b in settings.backends],
         lanes=[lane.name for lane in settings.lanes],

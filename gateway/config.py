@@ -37,6 +37,8 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     #: On SIGTERM, how long in-flight requests may take to finish before the exit.
     drain_timeout_s: float = 30.0
+    #: Run on uvloop (libuv's event loop) when it is installed: less CPU per relayed chunk.
+    uvloop: bool = True
 
 
 @dataclass(slots=True)
