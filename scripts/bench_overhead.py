@@ -20,14 +20,17 @@ machine drift hits every target alike; the tables show medians of the rounds:
       with 413 after counting) vs the gateway under S2 alone
   mem RSS per open stream: 1000 streams held open, (RSS open - RSS idle) / 1000
 
-`--profile` runs py-spy on the gateway during one more S2 and S3 (not counted in
-the tables) and writes a speedscope file, collapsed stacks and an SVG flame graph
-under results/, and prints the hottest functions.
+`--profile` runs py-spy on the gateway during one more S2, S3 and S4 each (not
+counted in the tables) and writes, per scenario, a speedscope file, collapsed
+stacks and an SVG flame graph next to the JSON, and prints the hottest functions
+(own and total share of the busy samples).
 
     python scripts/bench_overhead.py [--quick] [--profile] [--json results/bench_overhead.json]
 
-Full run about 7-8 minutes, `--quick` about 2. Loopback only; every process it
-starts is stopped on exit, Ctrl-C and errors included.
+Full run about 6 minutes (+30 s with --profile), `--quick` about 2. Loopback only;
+every process it starts is stopped on exit, Ctrl-C and errors included. The
+figures are only as quiet as the machine: the load average before and after
+is printed and stored; compare ratios within one run, not across machines.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ HOST = "127.0.0.1"
 CONTENT_MARKER = b'"delta":{"content"'
 DONE_MARKER = b"data: [DONE]"
 JSON_HEADERS = {"Content-Type": "application/json"}
+PROFILE_RATE_HZ = 250
 BIG_PROMPT_WORDS = 100_000  # "word " is ~1 token: ~100k tokens, over the default 32k cap
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DIRECT, PASSTHROUGH, NGINX, GATEWAY = "direct", "passthrough", "nginx", "gateway"
@@ -105,7 +109,7 @@ class Fleet:
 
     def check_alive(self) -> None:
         for name, process in self.processes:
-            if name != "py-spy" and process.poll() is not None:
+            if not name.startswith("py-spy") and process.poll() is not None:
                 raise SystemExit(f"{name} exited with {process.returncode}:\n{self.log_tail(name)}")
 
     @staticmethod
@@ -828,59 +832,89 @@ def flame_svg(stacks: dict[tuple[str, ...], float], title: str) -> str:
     )
 
 
+#: Stacks that end in a wait: the loop in epoll_wait, a pool thread parked in
+#: `work_queue.get()` (the leaf is `_worker` itself, in C). py-spy's idle detection
+#: misses them on this kind of VM; they are not CPU the gateway spends, so they are
+#: left out (a busy loop's epoll_wait(0) calls go with them: ~2% of a busy profile).
+IDLE_LEAVES = frozenset(
+    {"_worker (concurrent/futures/thread.py)", "EpollSelector.select (selectors.py)"}
+)
+
+
 async def profile_gateway(bench: Bench, out_dir: Path) -> dict[str, Any]:
-    """py-spy on the gateway during one S2 and one S3; not part of the measured rounds."""
+    """py-spy on the gateway during one S2, one S3 and one S4 (a recording each).
+
+    Not part of the measured rounds: py-spy pauses the process to sample it.
+    """
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
         return {"error": "py-spy is not installed (pip install py-spy)"}
     gateway = bench.targets[GATEWAY]
     assert gateway.pid is not None
     out_dir.mkdir(parents=True, exist_ok=True)
-    speedscope = out_dir / "gateway-profile.speedscope.json"
-    speedscope.unlink(missing_ok=True)
-    spy = bench.fleet.start(
-        "py-spy",
-        [
-            py_spy,
-            "record",
-            "--pid",
-            str(gateway.pid),
-            "--rate",
-            "250",
-            "--nolineno",
-            "--format",
-            "speedscope",
-            "--output",
-            str(speedscope),
-            "--duration",
-            str(int(bench.args.s2_duration + bench.args.s3_duration + 30)),
-        ],
-    )
-    await asyncio.sleep(1.5)
-    if spy.poll() is not None:
-        return {"error": f"py-spy exited at once: {bench.fleet.log_tail('py-spy')}"}
-    s2 = await run_s2(bench, gateway)
-    s3 = await run_s3(bench, gateway)
-    bench.fleet.stop(spy, first=signal.SIGINT)  # SIGINT: py-spy writes its file and exits
-    if not speedscope.exists():
-        return {"error": f"py-spy wrote nothing: {bench.fleet.log_tail('py-spy')}"}
-    stacks = read_speedscope(speedscope)
-    collapsed = out_dir / "gateway-profile.collapsed.txt"
-    collapsed.write_text(
-        "".join(f"{';'.join(stack)} {count:.0f}\n" for stack, count in sorted(stacks.items()))
-    )
-    svg = out_dir / "gateway-profile.svg"
-    svg.write_text(flame_svg(stacks, "gateway under S2 + S3 (py-spy, CPU samples only)"))
-    top = hottest(stacks, bench.args.profile_top)
-    return {
-        "files": [str(speedscope), str(collapsed), str(svg)],
-        "samples": sum(stacks.values()),
-        "load_while_profiled": {
-            "s2_ttft_p99_ms": s2["ttft_p99_ms"],
-            "s3_chunks_per_s": s3["chunks_per_s"],
-        },
-        "hottest": top,
+    profiles: dict[str, Any] = {}
+
+    async def run_s4(bench: Bench, target: Target) -> dict[str, Any]:
+        return await run_s2(bench, target, big_prompts=True)
+
+    scenarios = {
+        "s2": ("S2: concurrency 64, 64 tokens at 10 ms/token", run_s2),
+        "s3": ("S3: concurrency 32, 512 tokens, no delay", run_s3),
+        "s4": ("S4: S2 plus 3 100k-token prompts each second", run_s4),
     }
+    for key, (title, scenario) in scenarios.items():
+        speedscope = out_dir / f"gateway-profile-{key}.speedscope.json"
+        speedscope.unlink(missing_ok=True)
+        name = f"py-spy-{key}"
+        spy = bench.fleet.start(
+            name,
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(gateway.pid),
+                "--rate",
+                str(PROFILE_RATE_HZ),
+                "--nolineno",
+                *(["--gil"] if bench.args.profile_gil else []),
+                "--format",
+                "speedscope",
+                "--output",
+                str(speedscope),
+                "--duration",
+                str(int(max(bench.args.s2_duration, bench.args.s3_duration) + 30)),
+            ],
+        )
+        await asyncio.sleep(1.0)
+        if spy.poll() is not None:
+            return {"error": f"py-spy exited at once: {bench.fleet.log_tail(name)}"}
+        load = await scenario(bench, gateway)
+        bench.fleet.stop(spy, first=signal.SIGINT)  # SIGINT: py-spy writes its file and exits
+        if not speedscope.exists():
+            return {"error": f"py-spy wrote nothing: {bench.fleet.log_tail(name)}"}
+        all_stacks = read_speedscope(speedscope)
+        stacks = {k: v for k, v in all_stacks.items() if not k or k[-1] not in IDLE_LEAVES}
+        collapsed = out_dir / f"gateway-profile-{key}.collapsed.txt"
+        collapsed.write_text(
+            "".join(f"{';'.join(stack)} {count:.0f}\n" for stack, count in sorted(stacks.items()))
+        )
+        svg = out_dir / f"gateway-profile-{key}.svg"
+        svg.write_text(flame_svg(stacks, f"gateway under {title} (py-spy, busy samples)"))
+        profiles[key] = {
+            "title": title,
+            "files": [str(speedscope), str(collapsed), str(svg)],
+            "samples": sum(stacks.values()),
+            "idle_wait_samples_removed": sum(all_stacks.values()) - sum(stacks.values()),
+            "wall_s": load["wall_s"],
+            "load_while_profiled": {
+                "ttft_p50_ms": load["ttft_p50_ms"],
+                "ttft_p99_ms": load["ttft_p99_ms"],
+                "chunks_per_s": load["chunks_per_s"],
+                "proxy_cpu_pct": load["proxy_cpu_pct"],
+            },
+            "hottest": hottest(stacks, bench.args.profile_top),
+        }
+    return profiles
 
 
 # --------------------------------------------------------------------------- main
@@ -951,6 +985,7 @@ def environment_notes(bench: Bench) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "client_loop": type(asyncio.get_running_loop()).__module__,
         "targets": {n: t.url for n, t in bench.targets.items()},
+        "load_average_at_start": os.getloadavg(),
     }
     try:
         import uvloop
@@ -984,7 +1019,11 @@ async def run(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
                 else "binary not installed (apt-get install nginx)"
             )
         ]
-    print(f"targets: {', '.join(names)}; rounds: {args.rounds}", flush=True)
+    print(
+        f"targets: {', '.join(names)}; rounds: {args.rounds}; machine load average "
+        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (before any load of ours)",
+        flush=True,
+    )
 
     capacity = await mock_capacity(bench)
     report["mock_capacity"] = capacity
@@ -1028,9 +1067,10 @@ async def run(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
             lambda name: run_s2(bench, bench.targets[GATEWAY], big_prompts=name == S4_WITH),
         )
     if args.profile:
-        print("\nprofile: py-spy on the gateway during one S2 and one S3", flush=True)
+        print("\nprofile: py-spy on the gateway during one S2, S3 and S4", flush=True)
         report["profile"] = await profile_gateway(bench, Path(args.json).parent)
     report["raw"] = tables
+    report["environment"]["load_average_at_end"] = os.getloadavg()
     return report
 
 
@@ -1172,18 +1212,28 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> list[Check]:
                 f"{args.open_streams} streams",
             )
         )
-    if report.get("profile"):
-        profile = report["profile"]
-        if "error" in profile:
-            print(f"\nprofile: {profile['error']}")
-        else:
+    profiles = report.get("profile") or {}
+    if "error" in profiles:
+        print(f"\nprofile: {profiles['error']}")
+    for profile in profiles.values() if "error" not in profiles else []:
+        load = profile["load_while_profiled"]
+        print(
+            f"\nprofile of the gateway, {profile['title']}: {profile['samples']:.0f} busy samples "
+            f"(py-spy {PROFILE_RATE_HZ} Hz, {profile['wall_s']:.1f} s; gateway CPU "
+            f"{load['proxy_cpu_pct']:.0f}%, TTFT p99 {load['ttft_p99_ms']:.1f} ms, "
+            f"{load['chunks_per_s']:,.0f} chunks/s while sampled)"
+        )
+        print(f"  files: {', '.join(profile['files'])}")
+        if profile["idle_wait_samples_removed"]:
             print(
-                f"\nprofile: the gateway under S2 + S3, {profile['samples']:.0f} CPU samples "
-                f"(py-spy, 250 Hz, idle excluded); files: {', '.join(profile['files'])}"
+                f"  ({profile['idle_wait_samples_removed']:.0f} samples waiting in epoll or in an "
+                "idle pool thread left out)"
             )
-            print(f"  {'own %':>7} {'total %':>8}  function")
-            for row in profile["hottest"]:
-                print(f"  {row['own_pct']:>7.2f} {row['total_pct']:>8.2f}  {row['function']}")
+        print(
+            f"  {'own %':>7} {'total %':>8}  function (own: on top of the stack; total: anywhere)"
+        )
+        for row in profile["hottest"]:
+            print(f"  {row['own_pct']:>7.2f} {row['total_pct']:>8.2f}  {row['function']}")
     report["summary"] = summary
     print("\ntargets:")
     for check in checks:
@@ -1211,6 +1261,9 @@ def parse_args() -> argparse.Namespace:
         "--no-uvloop", action="store_true", help="mock and client on asyncio's loop"
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway under S2+S3")
+    parser.add_argument(
+        "--profile-gil", action="store_true", help="sample only the thread holding the GIL"
+    )
     parser.add_argument("--profile-top", type=int, default=15, help="hottest functions to print")
     parser.add_argument("--max-seconds", type=float, default=900, help="hard stop for the run")
     parser.add_argument("--json", default="results/bench_overhead.json")
