@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint simulate check-config bench bench-trace bench-real bench-loop-lag clean
+.PHONY: run test lint simulate check-config bench bench-trace bench-real bench-overhead bench-loop-lag clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ bench-trace: $(STAMP)
 bench-real: $(STAMP)
 	mkdir -p results
 	scripts/bench_real.sh $(ARGS)
+
+## bench-overhead: what the gateway adds over the backend, a bare aiohttp proxy and nginx
+bench-overhead: $(STAMP)
+	$(PY) scripts/bench_overhead.py $(ARGS)
 
 bench-loop-lag: $(STAMP)
 	$(PY) scripts/bench_loop_lag.py $(ARGS)
