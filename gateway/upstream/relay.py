@@ -86,9 +86,11 @@ class UpstreamClient:
             # The pooled connection was closed by the backend before it answered
             # (keep-alive race): the request never ran, so one retry is safe.
             pass
+        except aiohttp.ClientError as exc:  # not HTTP (a bad status line, bad headers)
+            raise _unreachable(backend, exc) from None
         try:
             return await self.fresh.post(url, data=body, headers=headers)
-        except aiohttp.ClientConnectionError as exc:
+        except aiohttp.ClientError as exc:
             raise _unreachable(backend, exc) from None
 
     async def get(
@@ -259,15 +261,20 @@ async def _relay_body(
 ) -> web.Response:
     """A whole-body answer: a non-stream completion or a backend error, passed through."""
     status = backend_response.status
-    if status >= 300:
-        body = await backend_response.content.read(MAX_ERROR_BODY_BYTES)
-    else:
-        body = await backend_response.read()
+    try:
+        if status >= 300:
+            body = await _read_capped(backend_response.content, MAX_ERROR_BODY_BYTES)
+        else:
+            body = await backend_response.read()
+    except aiohttp.ClientError as exc:  # cut short: nothing reached the client yet
+        raise _unreachable(plan.backend, exc) from None
     now = asyncio.get_running_loop().time()
     record.first_byte = now
     record.status = status
     headers = dict(plan.response_headers)
     headers["Content-Type"] = backend_response.headers.get("Content-Type", "application/json")
+    if "Retry-After" in backend_response.headers:  # a backend's 429/503 says when to come back
+        headers["Retry-After"] = backend_response.headers["Retry-After"]
     response = web.Response(status=status, body=body, headers=headers)
     if status < 300:
         record.outcome = "ok"
@@ -278,6 +285,19 @@ async def _relay_body(
     if status in RETRYABLE_STATUSES:
         raise BackendFailure(f"Backend {plan.backend.name} answered {status}.", response)
     return response
+
+
+async def _read_capped(content: aiohttp.StreamReader, cap: int) -> bytes:
+    """Read to the end, keeping at most `cap` bytes (an error body may come in pieces)."""
+    parts: list[bytes] = []
+    kept = 0
+    while True:
+        chunk = await content.read(65536)
+        if not chunk:
+            return b"".join(parts)
+        if kept < cap:
+            parts.append(chunk[: cap - kept])
+            kept += len(parts[-1])
 
 
 def _completion_tokens(body: bytes, stream_format: str) -> int | None:
@@ -314,6 +334,8 @@ async def _relay_stream(
         # The client's 200 waits for the backend's first byte, so a backend that
         # fails or hangs before it still gets a real status (502/504), not an SSE error.
         first = await content.readany()
+        if not first:  # headers, then nothing: a failure before the first byte
+            raise BackendFailure(f"Backend {plan.backend.name} ended its stream before any byte.")
         record.first_byte = watchdog.last = loop.time()
         watchdog.streaming = True
         if plan.on_first_byte is not None:
@@ -331,7 +353,8 @@ async def _relay_stream(
             watchdog.last = loop.time()
         tail = watcher.flush()
         if tail:
-            await client_response.write(tail)
+            # An unterminated last event: end it, so a following error event stays apart.
+            await client_response.write(tail if watcher.done else tail + b"\n\n")
     except ConnectionResetError:
         # Writing to a client that has gone, before aiohttp cancelled this handler.
         # (aiohttp's ClientConnectionResetError is one too: check it first.)
