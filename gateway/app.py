@@ -14,7 +14,7 @@ from aiohttp import web
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
-from gateway.http import openai, ops, tgi
+from gateway.http import openai, openapi, ops, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
@@ -76,6 +76,7 @@ def build_app(
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/openapi.json", openapi.openapi_json)
     return app
 
 

@@ -178,7 +178,10 @@ def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop]
 
 
 async def _run(app: web.Application, settings: Settings, log: Any) -> None:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # handler_cancellation: a client that goes away cancels its handler at once (and so
+    # the backend request). auto_decompress off: compressed bodies are refused with 415
+    # by the handler rather than decoded (or rejected in plain text) by aiohttp.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=2048)
     await site.start()

@@ -35,6 +35,8 @@ class ServerSettings:
     port: int = 8080
     #: Bodies larger than this are refused (413) before being read whole.
     max_body_bytes: int = 4 * 1024 * 1024
+    #: A request body that has not fully arrived after this long gets 408.
+    read_timeout_s: float = 30.0
     #: On SIGTERM, how long in-flight requests may take to finish before the exit.
     drain_timeout_s: float = 30.0
     #: Run on uvloop (libuv's event loop) when it is installed: less CPU per relayed chunk.
@@ -397,10 +399,13 @@ def _apply_env_lane(settings: Settings, rest: str, text: str, name: str) -> None
     raise ConfigError(f"{name}: no lane named in it (lanes: {_lane_names(settings)})")
 
 
-def _apply_env_indexed(items: list[Any], cls: type, rest: str, text: str, name: str) -> None:
-    """GATEWAY_<ARRAY>_<INDEX>_<KEY>; an index one past the end adds an entry."""
+def _apply_env_indexed(
+    items: list[Any], cls: type, rest: str, text: str, name: str, *, add: bool = False
+) -> None:
+    """GATEWAY_<ARRAY>_<INDEX>_<KEY>; with `add`, an index one past the end adds an entry."""
     index_text, _, key = rest.partition("_")
-    if not index_text.isdigit() or int(index_text) > len(items):
+    limit = len(items) + (1 if add else 0)
+    if not index_text.isdigit() or int(index_text) >= limit:
         raise ConfigError(f"{name}: expected <index>_<key> with an index of an existing entry")
     if int(index_text) == len(items):
         items.append(cls())
@@ -455,6 +460,7 @@ def validate(settings: Settings) -> None:
         raise ConfigError(f"[server].port: must be 1-65535, got {s.server.port}")
     _positive("[server].max_body_bytes", s.server.max_body_bytes)
     _positive("[server].drain_timeout_s", s.server.drain_timeout_s)
+    _positive("[server].read_timeout_s", s.server.read_timeout_s)
     if not s.tokenizer.encoding:
         raise ConfigError("[tokenizer].encoding: must not be empty")
     _positive("[limits].max_prompt_tokens", s.limits.max_prompt_tokens)

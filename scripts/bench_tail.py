@@ -447,6 +447,14 @@ async def main() -> int:
         "(class names 'short' and 'long' are what the targets check)",
     )
     parser.add_argument(
+        "--lanes-config", help="TOML with [[lanes]] (and more) for the lanes gateway"
+    )
+    parser.add_argument(
+        "--targets",
+        default="direct,fifo,lanes,short-only",
+        help="which targets to run (the targets are checked only with direct and lanes)",
+    )
+    parser.add_argument(
         "--ignore-eos",
         action="store_true",
         help='send "ignore_eos": true (fixed-length replies from base models)',

@@ -91,7 +91,7 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
         log = io.StringIO()
         app = build_app(settings, log_stream=log, encoding=encoding())
         server = TestServer(app, host="127.0.0.1")
-        await server.start_server()
+        await server.start_server(auto_decompress=False)  # as `serve` runs it
         servers.append(server)
         return RunningGateway(str(server.make_url("")).rstrip("/"), app, log)
 

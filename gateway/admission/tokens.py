@@ -177,7 +177,10 @@ def _add_tools(parts: PromptParts, tools: Any) -> None:
         if not isinstance(tool, dict):
             raise invalid_request("each entry of 'tools' must be an object", "tools")
         # The model sees the definition rendered into its prompt; its JSON is a close proxy.
-        parts.texts.append(json.dumps(tool.get("function", tool), separators=(",", ":")))
+        try:
+            parts.texts.append(json.dumps(tool.get("function", tool), separators=(",", ":")))
+        except (ValueError, RecursionError):
+            raise invalid_request("a 'tools' entry cannot be read", "tools") from None
         parts.fixed_tokens += TOKENS_PER_TOOL
 
 

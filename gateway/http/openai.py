@@ -24,6 +24,10 @@ async def models(request: web.Request) -> web.Response:
 async def pass_through_get(request: web.Request, path: str) -> web.Response:
     """A GET that needs no slot (model lists, server info), sent to an available backend."""
     state = request.app[GATEWAY]
+    try:
+        state.keys.identify(request.headers.get("Authorization"))
+    except GatewayError as error:
+        return error_response(error)
     backend = state.pool.any_backend()
     if backend is None:
         return error_response(GatewayError(503, "no_backend", "No healthy backend right now."))

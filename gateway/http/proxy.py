@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from gateway.admission.admit import TGI, Admission, RequestShape, admit
@@ -26,7 +27,7 @@ from gateway.observability.record import RequestRecord
 from gateway.scheduling.scheduler import Grant
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.pool import Backend
-from gateway.upstream.relay import BackendFailure, RelayPlan, relay
+from gateway.upstream.relay import STREAM_ERROR_CODE, BackendFailure, RelayPlan, relay
 
 MAX_REQUEST_ID_LENGTH = 128
 #: A request that failed before its first byte is retried once, on another backend.
@@ -63,7 +64,9 @@ def request_id_of(request: web.Request) -> str:
     return uuid.uuid4().hex
 
 
-async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
+async def read_json_object(
+    request: web.Request, max_bytes: int, read_timeout_s: float = 30.0
+) -> dict[str, Any]:
     """The body as a JSON object; 413 before reading when it is too big, 400 when not JSON.
 
     A body declared as something other than JSON gets 415; no Content-Type at all
@@ -76,15 +79,29 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
             "unsupported_media_type",
             "Send the body as JSON with 'Content-Type: application/json'.",
         )
+    if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+        raise GatewayError(
+            415,
+            "unsupported_media_type",
+            "Compressed request bodies are not accepted; send the JSON as is.",
+        )
     length = request.content_length
     if length is not None and length > max_bytes:
         raise body_too_large(max_bytes)
     try:
-        raw = await request.read()
+        async with asyncio.timeout(read_timeout_s):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise body_too_large(max_bytes) from None
+    except TimeoutError:
+        raise GatewayError(
+            408, "request_timeout", f"The request body did not arrive within {read_timeout_s:g} s."
+        ) from None
+    except aiohttp.ClientError:  # the body broke off or could not be decoded
+        raise invalid_request("The request body could not be read.") from None
     try:
-        body = json.loads(raw)
+        # Strict UTF-8 first: json.loads(bytes) would let CESU-8 surrogates through.
+        body = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError):
         raise invalid_request("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
@@ -162,7 +179,8 @@ async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.
         client = state.keys.identify(request.headers.get("Authorization"))
         if client is not None:
             record.client = client.name
-        body = await read_json_object(request, state.settings.server.max_body_bytes)
+        server = state.settings.server
+        body = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
         shape = await route.measure(body, state.settings, state.counter)
         record.model = shape.model
         record.stream = shape.stream
@@ -253,8 +271,14 @@ def shutting_down() -> GatewayError:
 
 
 def report_outcome(state: GatewayState, backend: Backend, record: RequestRecord) -> None:
-    """Passive health: what this request says about its backend."""
-    if record.outcome in ("backend_error", "backend_timeout"):
+    """Passive health: what this request says about its backend.
+
+    An error the backend reported inside a 200 stream (TGI's validation errors,
+    for one) is about the request, not the server: it does not count.
+    """
+    if record.outcome == "backend_timeout" or (
+        record.outcome == "backend_error" and record.error_code != STREAM_ERROR_CODE
+    ):
         state.pool.report_failure(backend)
     elif record.outcome in ("ok", "backend_rejected"):
         state.pool.report_success(backend)

@@ -17,7 +17,8 @@ from gateway.observability.record import RequestRecord
 
 
 def _compact_json(obj: Any, **_: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    # ASCII escapes: a client's lone surrogate in `model` must not break the log stream.
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def make_logger(stream: TextIO | None = None, level: str = "info") -> Any:

@@ -789,7 +789,7 @@ async def _tgi_size(params: _TgiParams, parameters: dict[str, Any], state: Simul
 
 def _tgi_dumps(obj: Any) -> str:
     # serde_json's output: compact, UTF-8 left as is.
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(obj, separators=(",", ":"))
 
 
 def _tgi_json_response(

@@ -28,6 +28,8 @@ from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, TgiStreamWa
 MAX_ERROR_BODY_BYTES = 64 * 1024
 #: Backend answers that mean "not now, try another server" (before any byte reached the client).
 RETRYABLE_STATUSES = frozenset({502, 503})
+#: The log's error_code when the backend sent an error event inside a 200 stream.
+STREAM_ERROR_CODE = "backend_stream_error"
 STREAM_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-cache",
@@ -370,7 +372,7 @@ async def _relay_stream(
         return await _fail_stream(client_response, plan, record, watcher, "ended before its end")
     if watcher.backend_error:  # relayed as the backend sent it; the log says what happened
         record.outcome = "backend_error"
-        record.error_code = "backend_stream_error"
+        record.error_code = STREAM_ERROR_CODE
     else:
         record.outcome = "ok"
     await client_response.write_eof()
