@@ -43,7 +43,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from benchlib import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -155,12 +155,6 @@ def die_with_parent() -> None:
         pass
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 def process_tree(pid: int) -> list[int]:
     """pid and its descendants (nginx: master and workers)."""
     parents: dict[int, list[int]] = {}
@@ -210,19 +204,8 @@ def own_cpu_seconds() -> float:
     return times.user + times.system
 
 
-async def wait_ready(url: str, path: str, fleet: Fleet, timeout_s: float = 40) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            fleet.check_alive()
-            try:
-                async with session.get(url + path) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url}{path} did not answer 200 within {timeout_s:g} s")
+async def wait_fleet_ready(url: str, path: str, fleet: Fleet, timeout_s: float = 40) -> None:
+    await wait_ready(url, path, timeout_s, check=fleet.check_alive)
 
 
 # --------------------------------------------------------------------------- targets
@@ -972,9 +955,9 @@ async def start_everything(args: argparse.Namespace, fleet: Fleet) -> Bench:
     gateway = fleet.start(GATEWAY, [python, "-m", "gateway", "serve", "--config", str(conf)])
     targets[GATEWAY] = Target(GATEWAY, f"http://{HOST}:{port}", gateway.pid)
 
-    await wait_ready(mock_url, "/health", fleet)
+    await wait_fleet_ready(mock_url, "/health", fleet)
     for name, target in targets.items():
-        await wait_ready(target.url, "/readyz" if name == GATEWAY else "/health", fleet)
+        await wait_fleet_ready(target.url, "/readyz" if name == GATEWAY else "/health", fleet)
     return Bench(args, fleet, mock.pid, mock_url, targets)
 
 

@@ -31,15 +31,13 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+from benchlib import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,12 +67,6 @@ TTFT_SLO_MS = {"short": 5_000.0, "long": 30_000.0}
 EXTRA_BODY: dict[str, Any] = {}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @dataclass
 class Process:
     name: str
@@ -89,20 +81,6 @@ class Process:
                 self.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
-
-
-async def wait_ready(url: str, path: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(url + path) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url}{path} did not answer within {timeout_s} s")
 
 
 async def start_simulator() -> Process:

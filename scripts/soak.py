@@ -52,7 +52,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -60,7 +59,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+from benchlib import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -91,12 +90,6 @@ THRESHOLDS = {
 IDLE_TOLERANCE = {"fds": 2, "tasks": 0}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def rss_mb(pid: int | str = "self") -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -120,20 +113,6 @@ def stop_process(popen: subprocess.Popen[bytes] | asyncio.subprocess.Process | N
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait()
-
-
-async def wait_ready(url: str, path: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            try:
-                async with session.get(url + path) as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url}{path} did not answer within {timeout_s} s")
 
 
 # --------------------------------------------------------------------------- child roles
