@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from gateway.tools.simulator import (
     SimulatorConfig,
     add_arguments,
     config_from_args,
-    start_simulator,
 )
 
 StartSim = Callable[..., Awaitable[str]]
@@ -35,24 +34,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-async def start_sim() -> AsyncIterator[StartSim]:
-    """Start simulators with given knobs; each is stopped when the test ends."""
-    runners = []
-
-    async def start(**knobs: Any) -> str:
-        runner, port = await start_simulator(SimulatorConfig(**knobs))
-        runners.append(runner)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+def start_sim(start_simulator_at: StartSim) -> StartSim:
+    """The shared fixture (tests/conftest.py) under this file's name."""
+    return start_simulator_at
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
+def session(http: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    return http
 
 
 def chat_body(prompt: str = "Say something.", **extra: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -19,7 +19,6 @@ import pytest
 
 from gateway.admission.tokens import TokenCounter, completion_prompt_parts, load_encoding
 from gateway.tools import simulator
-from gateway.tools.simulator import SimulatorConfig, start_simulator
 
 StartSim = Callable[..., Awaitable[str]]
 LONG_PROMPT = "hello " * 2000  # ~2000 tokens: ~1 s of prefill with the defaults
@@ -27,23 +26,14 @@ TOKEN_KEYS = {"id", "text", "logprob", "special"}
 
 
 @pytest.fixture
-async def start_sim() -> AsyncIterator[StartSim]:
-    runners = []
-
-    async def start(**knobs: Any) -> str:
-        runner, port = await start_simulator(SimulatorConfig(**knobs))
-        runners.append(runner)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+def start_sim(start_simulator_at: StartSim) -> StartSim:
+    """The shared fixture (tests/conftest.py) under this file's name."""
+    return start_simulator_at
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
+def session(http: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    return http
 
 
 def tgi_body(inputs: str = "The simulator says", **parameters: Any) -> dict[str, Any]:
