@@ -227,7 +227,7 @@ async def relay(
         backend_response = await upstream.post(plan.backend, plan.path, plan.body, plan.headers)
         content_type = backend_response.headers.get("Content-Type", "")
         if backend_response.status >= 300 or not content_type.startswith("text/event-stream"):
-            return await _relay_body(backend_response, plan, record, watchdog)
+            return await _relay_body(backend_response, plan, record)
         client_response = web.StreamResponse(
             status=200, headers={**STREAM_HEADERS, **plan.response_headers}
         )
@@ -256,10 +256,7 @@ async def relay(
 
 
 async def _relay_body(
-    backend_response: aiohttp.ClientResponse,
-    plan: RelayPlan,
-    record: RequestRecord,
-    watchdog: Watchdog,
+    backend_response: aiohttp.ClientResponse, plan: RelayPlan, record: RequestRecord
 ) -> web.Response:
     """A whole-body answer: a non-stream completion or a backend error, passed through."""
     status = backend_response.status
