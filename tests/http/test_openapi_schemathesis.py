@@ -54,12 +54,6 @@ def live() -> Iterator[LiveGateway]:
         gateway.stop()
 
 
-@pytest.fixture(scope="module")
-def session() -> Iterator[requests.Session]:
-    with requests.Session() as http:
-        yield http
-
-
 # The document does not depend on the ports, only on the settings (max_n).
 schema = schemathesis.openapi.from_dict(
     openapi.openapi_document(gateway_settings("http://127.0.0.1:9"))

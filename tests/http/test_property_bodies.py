@@ -80,12 +80,6 @@ def live() -> Iterator[LiveGateway]:
         gateway.stop()
 
 
-@pytest.fixture(scope="module")
-def session() -> Iterator[requests.Session]:
-    with requests.Session() as http:
-        yield http
-
-
 @pytest.fixture(autouse=True)
 def still_serving(live: LiveGateway, session: requests.Session) -> Iterator[None]:
     """After every test: nothing held, and a valid request still gets its answer."""

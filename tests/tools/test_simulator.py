@@ -33,17 +33,6 @@ SHORT_PROMPT = "hello " * 45  # ~50 tokens: tens of ms
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def start_sim(start_simulator_at: StartSim) -> StartSim:
-    """The shared fixture (tests/conftest.py) under this file's name."""
-    return start_simulator_at
-
-
-@pytest.fixture
-def session(http: aiohttp.ClientSession) -> aiohttp.ClientSession:
-    return http
-
-
 def chat_body(prompt: str = "Say something.", **extra: Any) -> dict[str, Any]:
     return {"model": "test-model", "messages": [{"role": "user", "content": prompt}], **extra}
 

@@ -25,17 +25,6 @@ LONG_PROMPT = "hello " * 2000  # ~2000 tokens: ~1 s of prefill with the defaults
 TOKEN_KEYS = {"id", "text", "logprob", "special"}
 
 
-@pytest.fixture
-def start_sim(start_simulator_at: StartSim) -> StartSim:
-    """The shared fixture (tests/conftest.py) under this file's name."""
-    return start_simulator_at
-
-
-@pytest.fixture
-def session(http: aiohttp.ClientSession) -> aiohttp.ClientSession:
-    return http
-
-
 def tgi_body(inputs: str = "The simulator says", **parameters: Any) -> dict[str, Any]:
     return {"inputs": inputs, "parameters": parameters}
 
