@@ -55,7 +55,7 @@ from gateway.tools.loadgen import (  # noqa: E402
     summarize_run,
     trace_schedule,
 )
-from gateway.tools.sim_engine import SimulatorConfig  # noqa: E402
+from gateway.tools.simulator import SimulatorConfig  # noqa: E402
 from gateway.tools.stats import percentile  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "data" / "AzureLLMInferenceTrace_conv.csv"

@@ -1,4 +1,4 @@
-"""`python -m gateway analyze LOGFILE`: is P99 slow because of queueing or because of the model?
+"""The analysis behind `python -m gateway analyze`: was P99 slow in the queue or in the model?
 
 It reads back the gateway's own per-request JSON lines (`event == "request"`), so
 an on-call engineer needs nothing but the log to decide between two different
@@ -7,25 +7,19 @@ time in the gateway's queue, capacity or request size when they spent it in the
 backend. Anything else in the stream (lifecycle events, a simulator's banner,
 broken lines) is skipped and counted, never fatal: logs are messy at 2 a.m.
 
-Everything below `analyze` is plain functions over plain dicts so that tests and
-benchmarks can use them without the CLI; the HTML report lives in `report_html`
-because it needs matplotlib, which is optional.
+Everything here is plain functions over plain dicts so that tests and benchmarks
+can use them without the CLI; the reports that render the result live in
+`report_text` and `report_html`.
 """
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import json
 import math
-import sys
-import textwrap
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from gateway.tools.stats import summarize
 
@@ -49,11 +43,6 @@ VERDICT_TEXT = {
 VERDICT_RULE = (
     f"A lane is queueing-bound when its slowest requests spent more than "
     f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued"
-)
-MEASURE_TEXT = {"ttft_ms": "TTFT", "e2e_ms": "e2e (no first token)"}
-MEASURE_LEGEND = (
-    "TTFT splits into queue_ms + backend_ttft_ms + gateway; e2e (for requests without a first "
-    "token) into queue_ms + dispatch → end + gateway"
 )
 
 Record = dict[str, Any]
@@ -347,210 +336,3 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 def _rounded(item: dict[str, Any]) -> dict[str, Any]:
     return {k: _round(v) if isinstance(v, float) else v for k, v in item.items()}
-
-
-# ----------------------------------------------------------------------------- text report
-
-
-def fmt_ms(value: float | None) -> str:
-    """Milliseconds with precision that suits the size: 0.06, 12.7, 1503."""
-    if value is None:
-        return "-"
-    if abs(value) < 10:
-        return f"{value:.2f}"
-    if abs(value) < 1000:
-        return f"{value:.1f}"
-    return f"{value:.0f}"
-
-
-def fmt_share(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
-    """The headline for one lane and the numbers that justify it."""
-    if not tail["size"]:
-        return [f"{lane}: no verdict (no request with a TTFT or e2e time)"]
-    mixed = len(tail["measures"]) > 1
-    measures = ", ".join(
-        MEASURE_TEXT[m] + (f" ×{n}" if mixed else "")
-        for m, n in sorted(tail["measures"].items(), key=lambda item: -item[1])
-    )
-    lane = lane[:40]
-    pct = f"{100 * tail['fraction']:g}%"
-    lines = [
-        f"{lane}: {tail['verdict_text']}",
-        f"    slowest {pct} = {tail['size']} of {tail['ranked']} requests, measured by {measures}",
-        f"    mean {fmt_ms(tail['mean_total_ms'])} ms = queue {fmt_ms(tail['mean_queue_ms'])} ms"
-        f" ({fmt_share(tail['queue_share'])}) + backend {fmt_ms(tail['mean_backend_ms'])} ms"
-        f" ({fmt_share(tail['backend_share'])}) + gateway {fmt_ms(tail['mean_gateway_ms'])} ms"
-        f" ({fmt_share(tail['gateway_share'])})",
-    ]
-    if tail["verdict"] == "unknown":
-        return lines
-    spread = (
-        f"; tail {fmt_ms(tail['cutoff_ms'])} to {fmt_ms(tail['max_ms'])} ms"
-        if tail["size"] > 1
-        else ""
-    )
-    lines.append(
-        f"    queue share of queue + backend: {fmt_share(tail['queue_vs_backend'])}"
-        f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%}){spread}"
-    )
-    return lines
-
-
-def format_report(analysis: dict[str, Any]) -> str:
-    """The plain-text report (≤ 100 columns): verdicts first, then the numbers behind them."""
-    lanes: dict[str, Any] = analysis["lanes"]
-    out = [
-        f"gateway analyze: {analysis['requests']} requests in {len(lanes)} lane(s), "
-        f"{analysis['skipped_lines']} other line(s) skipped"
-    ]
-    window = analysis.get("window")
-    if window:
-        out.append(f"window: {window['start']} → {window['end']} ({window['seconds']:.1f} s)")
-    if not lanes:
-        out.append('no request lines (event == "request") found')
-        return "\n".join(out) + "\n"
-
-    out += ["", f"VERDICT, slowest {100 * analysis['tail_fraction']:g}% of each lane"]
-    for lane, data in lanes.items():
-        out += ["  " + line for line in verdict_lines(lane, data["tail"])]
-
-    out += ["", "LATENCY (ms) per lane and outcome; n = requests with a value"]
-    out.append(
-        f"  {'lane / outcome':<30}{'requests':>8}  {'metric':<16}{'n':>6}"
-        f"{'p50':>10}{'p95':>10}{'p99':>10}"
-    )
-    for lane, data in lanes.items():
-        out.append(f"  {lane[:30]}")
-        for outcome, stats in data["outcomes"].items():
-            label = f"  {outcome}"[:30]
-            rows = [(m, s) for m, s in stats["latency"].items() if s["count"]]
-            if not rows:
-                out.append(f"  {label:<30}{stats['count']:>8}  (no timings)")
-            for i, (metric, s) in enumerate(rows):
-                first = f"  {label:<30}{stats['count']:>8}" if i == 0 else " " * 40
-                out.append(
-                    f"{first}  {metric:<16}{s['count']:>6}{fmt_ms(s['p50']):>10}"
-                    f"{fmt_ms(s['p95']):>10}{fmt_ms(s['p99']):>10}"
-                )
-
-    out += ["", "REJECTIONS, TIMEOUTS AND ERRORS per lane (% of the lane's requests)"]
-    failures = [
-        (lane, failure, data["requests"])
-        for lane, data in lanes.items()
-        for failure in data["failures"]
-    ]
-    if not failures:
-        out.append("  none: every request ended ok")
-    else:
-        out.append(f"  {'lane':<24}{'reason':<32}{'count':>8}{'lane total':>12}{'% of lane':>12}")
-        for lane, failure, total in failures:
-            out.append(
-                f"  {lane[:23]:<24}{failure['reason'][:31]:<32}{failure['count']:>8}"
-                f"{total:>12}{failure['percent']:>11.1f}%"
-            )
-    out += ["", "HOW TO READ"]
-    out += textwrap.wrap(
-        f"{VERDICT_RULE}. {MEASURE_LEGEND}. Gateway time is admission (token counting) and "
-        "refusals. Percentiles interpolate linearly between ranks, as numpy does.",
-        width=98,
-        initial_indent="  ",
-        subsequent_indent="  ",
-    )
-    return "\n".join(out) + "\n"
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `analyze` subcommand's arguments (also used by this module's own entry point)."""
-    parser.add_argument(
-        "logfile",
-        nargs="?",
-        default="-",
-        help="the gateway's JSON log (stdout of `serve`); '-' or nothing reads stdin; .gz is ok",
-    )
-    parser.add_argument(
-        "--json", metavar="FILE", help="also write the numbers as JSON ('-': stdout, no text)"
-    )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        help="also write a self-contained HTML report with plots (needs matplotlib)",
-    )
-    parser.add_argument(
-        "--tail-percent",
-        type=float,
-        default=100 * TAIL_FRACTION,
-        metavar="P",
-        help="the slowest P%% of each lane decide the verdict (default 1)",
-    )
-
-
-def main(args: argparse.Namespace) -> int:
-    """Run the analysis; 0 on success, 1 when the input has no request line, 2 on usage errors."""
-    if not 0 < args.tail_percent <= 100:
-        print("analyze: --tail-percent must be in (0, 100]", file=sys.stderr)
-        return 2
-    if args.html:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print(
-                "analyze: --html needs matplotlib: pip install 'llm-tail-gateway[report]'",
-                file=sys.stderr,
-            )
-            return 2
-    try:
-        with _open(args.logfile) as stream:
-            records, skipped = load_records(stream)
-    except OSError as exc:
-        print(f"analyze: cannot read {args.logfile}: {exc}", file=sys.stderr)
-        return 2
-    analysis = analyze(records, skipped=skipped, tail_fraction=args.tail_percent / 100)
-    if args.json != "-":
-        sys.stdout.write(format_report(analysis))
-    if args.json:
-        text = json.dumps(analysis, indent=2, ensure_ascii=False) + "\n"
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            Path(args.json).write_text(text, encoding="utf-8")
-    if args.html:
-        from gateway.tools.report_html import render
-
-        source = "stdin" if args.logfile == "-" else args.logfile
-        Path(args.html).write_text(render(analysis, records, source=source), encoding="utf-8")
-    return 0 if records else 1
-
-
-@contextmanager
-def _open(path: str) -> Iterator[Iterable[str]]:
-    """Lines of stdin ('-'), a gzip file (rotated logs) or a text file."""
-    if path == "-":
-        yield sys.stdin
-        return
-    stream: TextIO
-    if path.endswith(".gz"):
-        stream = gzip.open(path, "rt", encoding="utf-8", errors="replace")
-    else:
-        stream = open(path, encoding="utf-8", errors="replace")
-    with stream:
-        yield stream
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m gateway.tools.analyze",
-        description="Was P99 slow in the gateway's queue or in the model? Reads the JSON log.",
-    )
-    add_arguments(parser)
-    return parser
-
-
-if __name__ == "__main__":
-    sys.exit(main(build_parser().parse_args()))

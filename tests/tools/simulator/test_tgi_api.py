@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from gateway.admission.tokens import TokenCounter, completion_prompt_parts, load_encoding
-from gateway.tools import sim_tgi
+from gateway.tools.simulator import tgi_api
 
 StartSim = Callable[..., Awaitable[str]]
 LONG_PROMPT = "hello " * 2000  # ~2000 tokens: ~1 s of prefill with the defaults
@@ -186,7 +186,7 @@ async def test_stream_events_leave_as_tokens_are_produced(
 async def test_keep_alive_comment_while_waiting(
     start_sim: StartSim, session: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setattr(sim_tgi, "TGI_KEEP_ALIVE_S", 0.05)
+    monkeypatch.setattr(tgi_api, "TGI_KEEP_ALIVE_S", 0.05)
     url = await start_sim(max_batch=1)
     hog = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
     hog_task = asyncio.create_task(session.post(f"{url}/v1/chat/completions", json=hog))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.tools.loadgen_client import RequestResult, RunResult
+from gateway.tools.loadgen.client import RequestResult, RunResult
 from gateway.tools.stats import summarize
 
 ALL = "all"

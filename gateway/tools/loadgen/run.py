@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
-from gateway.tools.loadgen_client import Client, RequestResult, RetryPolicy, RunResult
-from gateway.tools.loadgen_mix import PlannedRequest
+from gateway.tools.loadgen.client import Client, RequestResult, RetryPolicy, RunResult
+from gateway.tools.loadgen.mix import PlannedRequest
 
 #: Sends one planned request and records its result.
 _Send = Callable[[PlannedRequest], Coroutine[Any, Any, None]]

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
-from gateway.tools.loadgen_mix import PlannedRequest
-from gateway.tools.loadgen_prompts import with_run_tag
+from gateway.tools.loadgen.mix import PlannedRequest
+from gateway.tools.loadgen.prompts import with_run_tag
 
 #: Statuses worth retrying: overload (429, 503), and a gateway/proxy that lost the backend.
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})

@@ -1,15 +1,9 @@
-"""`python -m gateway loadgen`: seeded traffic that shows whether short requests keep a low P99.
+"""`python -m gateway loadgen`: the flags, and one schedule run against each target in turn.
 
-The product's promise is a number measured from the client's side, so this
-tool produces the traffic (a mix of short and long requests, open or closed
-loop, or a replayed production trace) and measures what users would feel,
-against the gateway, a backend directly, or the simulator. Several `--target`s
-get the very same schedule, one after the other, for a side-by-side table.
-
-The parts: `loadgen_mix` (classes, schedules), `loadgen_prompts` (prompts of an
-exact token size), `loadgen_client` (sending one request and timing it),
-`loadgen_run` (open and closed loops) and `loadgen_report` (summaries, tables,
-JSON). This module re-exports their public names and holds the command line.
+Several `--target`s get the very same schedule, one after the other, so the
+tables printed at the end compare like with like (the gateway against the
+backend behind it, say). Exit codes tell a script what happened: 2 for bad
+flags, 1 when a target answered nothing successfully, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -21,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.tools.loadgen_client import RequestResult, RetryPolicy, RunResult
-from gateway.tools.loadgen_mix import (
+from gateway.tools.loadgen.client import RetryPolicy, RunResult
+from gateway.tools.loadgen.mix import (
     DEFAULT_MIX,
     PlannedRequest,
     TrafficClass,
@@ -30,32 +24,10 @@ from gateway.tools.loadgen_mix import (
     load_mix,
     parse_class,
     poisson_schedule,
-    trace_class,
     trace_schedule,
 )
-from gateway.tools.loadgen_report import format_tables, summarize_run, write_json
-from gateway.tools.loadgen_run import run_closed_loop, run_open_loop
-
-__all__ = [
-    "DEFAULT_MIX",
-    "PlannedRequest",
-    "RequestResult",
-    "RetryPolicy",
-    "RunResult",
-    "TrafficClass",
-    "add_arguments",
-    "closed_schedule",
-    "format_tables",
-    "load_mix",
-    "main",
-    "parse_class",
-    "poisson_schedule",
-    "run_closed_loop",
-    "run_open_loop",
-    "summarize_run",
-    "trace_class",
-    "trace_schedule",
-]
+from gateway.tools.loadgen.report import format_tables, summarize_run, write_json
+from gateway.tools.loadgen.run import run_closed_loop, run_open_loop
 
 DEFAULT_TARGET = "http://127.0.0.1:8080"
 
@@ -215,12 +187,3 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, params, runs)
     return 1 if any(not any(r.ok for r in run.results) for run in runs) else 0
-
-
-if __name__ == "__main__":
-    _parser = argparse.ArgumentParser(
-        prog="python -m gateway.tools.loadgen",
-        description="Load generator: seeded short/long traffic, P50/P95/P99 per class.",
-    )
-    add_arguments(_parser)
-    sys.exit(main(_parser.parse_args()))

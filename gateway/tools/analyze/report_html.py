@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.tools.analyze import (
+from gateway.tools.analyze.analyzer import (
     METRICS,
     NO_LANE,
     QUEUE_BOUND_SHARE,
@@ -26,13 +26,12 @@ from gateway.tools.analyze import (
     Record,
     arrival_s,
     end_s,
-    fmt_ms,
-    fmt_share,
     lane_of,
     number,
     outcome_of,
     queue_depth_series,
 )
+from gateway.tools.analyze.report_text import fmt_ms, fmt_share
 from gateway.tools.stats import percentile
 
 #: The parts of a request's wait, in the colours every plot and card use.

@@ -3,7 +3,7 @@
 A schedule is decided entirely up front from a seed, so two targets (the gateway
 and the backend behind it, say) see the very same arrivals and sizes and their
 tables can be compared line by line. Prompt sizes are what the gateway counts
-(see `loadgen_prompts`), so a class's bounds line up with its lane thresholds.
+(see `prompts`), so a class's bounds line up with its lane thresholds.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import default_lanes
-from gateway.tools.loadgen_prompts import PromptBuilder
+from gateway.tools.loadgen.prompts import PromptBuilder
 
 
 @dataclass(slots=True)

@@ -1,0 +1,107 @@
+"""`python -m gateway analyze LOGFILE`: the flags, reading the log, and writing the reports.
+
+Input may be stdin, a text file or a rotated `.gz`; output is the text report,
+and on request JSON (for scripts) and a self-contained HTML page (for incident
+write-ups). The HTML report needs matplotlib, an optional extra, so its absence
+is a clear usage error rather than a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from gateway.tools.analyze.analyzer import TAIL_FRACTION, analyze, load_records
+from gateway.tools.analyze.report_text import format_report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `analyze` subcommand's arguments (also used by `python -m gateway.tools.analyze`)."""
+    parser.add_argument(
+        "logfile",
+        nargs="?",
+        default="-",
+        help="the gateway's JSON log (stdout of `serve`); '-' or nothing reads stdin; .gz is ok",
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", help="also write the numbers as JSON ('-': stdout, no text)"
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML report with plots (needs matplotlib)",
+    )
+    parser.add_argument(
+        "--tail-percent",
+        type=float,
+        default=100 * TAIL_FRACTION,
+        metavar="P",
+        help="the slowest P%% of each lane decide the verdict (default 1)",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the analysis; 0 on success, 1 when the input has no request line, 2 on usage errors."""
+    if not 0 < args.tail_percent <= 100:
+        print("analyze: --tail-percent must be in (0, 100]", file=sys.stderr)
+        return 2
+    if args.html:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(
+                "analyze: --html needs matplotlib: pip install 'llm-tail-gateway[report]'",
+                file=sys.stderr,
+            )
+            return 2
+    try:
+        with _open(args.logfile) as stream:
+            records, skipped = load_records(stream)
+    except OSError as exc:
+        print(f"analyze: cannot read {args.logfile}: {exc}", file=sys.stderr)
+        return 2
+    analysis = analyze(records, skipped=skipped, tail_fraction=args.tail_percent / 100)
+    if args.json != "-":
+        sys.stdout.write(format_report(analysis))
+    if args.json:
+        text = json.dumps(analysis, indent=2, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.json).write_text(text, encoding="utf-8")
+    if args.html:
+        from gateway.tools.analyze.report_html import render
+
+        source = "stdin" if args.logfile == "-" else args.logfile
+        Path(args.html).write_text(render(analysis, records, source=source), encoding="utf-8")
+    return 0 if records else 1
+
+
+@contextmanager
+def _open(path: str) -> Iterator[Iterable[str]]:
+    """Lines of stdin ('-'), a gzip file (rotated logs) or a text file."""
+    if path == "-":
+        yield sys.stdin
+        return
+    stream: TextIO
+    if path.endswith(".gz"):
+        stream = gzip.open(path, "rt", encoding="utf-8", errors="replace")
+    else:
+        stream = open(path, encoding="utf-8", errors="replace")
+    with stream:
+        yield stream
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.tools.analyze",
+        description="Was P99 slow in the gateway's queue or in the model? Reads the JSON log.",
+    )
+    add_arguments(parser)
+    return parser

@@ -1,0 +1,81 @@
+"""`python -m gateway simulate`: the simulator's flags and the process that serves it.
+
+Every `SimulatorConfig` knob is a flag of the same name, so a benchmark's
+configuration can be reproduced from the command line; the process runs until
+SIGINT or SIGTERM and then stops the engine, ending open streams at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import signal
+import sys
+
+from gateway.tools.simulator.config import SimulatorConfig
+from gateway.tools.simulator.server import start_simulator
+
+_CONFIG_HELP = {
+    "max_batch": "most sequences running at once; the rest wait FIFO inside the engine",
+    "prefill_tokens_per_step": "prompt tokens prefilled per step, FCFS across running sequences",
+    "step_base_ms": "fixed time of one engine step",
+    "prefill_ms_per_token": "step time added per prompt token prefilled in the step",
+    "decode_ms_per_seq": "step time added per sequence decoding in the step",
+    "default_max_tokens": "output length when a request sets no max_tokens",
+    "max_model_len": "context window; prompt + max_tokens above it gets a 400",
+    "seed": "seed of the generated text",
+    "model": "model name served by /v1/models",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--host`, `--port` and one flag per SimulatorConfig knob, defaulting to the config's."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    for f in dataclasses.fields(SimulatorConfig):
+        default = f.default
+        parser.add_argument(
+            _flag(f.name),
+            dest=f.name,
+            type=type(default),
+            default=default,
+            help=f"{_CONFIG_HELP.get(f.name, f.name)} ({default})",
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    """Build the config from parsed flags; raises ValueError on a bad value."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(SimulatorConfig)}
+    return SimulatorConfig(**values)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the simulator until SIGINT/SIGTERM; 0 on a clean stop, 2 on a bad flag."""
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"simulate: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(config, args.host, args.port))
+
+
+async def _serve(config: SimulatorConfig, host: str, port: int) -> int:
+    runner, bound = await start_simulator(config, host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    knobs = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(config).items())
+    print(f"simulator listening on http://{host}:{bound} ({knobs})", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+    return 0

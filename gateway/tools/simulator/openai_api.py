@@ -1,0 +1,299 @@
+"""The simulator's OpenAI API, shaped after vLLM's server: chat and text completions, models.
+
+Close enough to vLLM's OpenAI-compatible server for the gateway, the `openai`
+SDK and load generators: the same response and chunk shapes, the usage chunk
+only when `stream_options.include_usage` asks for it, `max_completion_tokens`
+winning over `max_tokens`, and a 400 in the OpenAI envelope when prompt +
+max_tokens exceed the context window. A streamed answer sends its headers at
+once and its first data event only with the first token, as vLLM does, so
+time-to-first-token measured through the gateway is the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gateway.tools.simulator.engine import EngineStopped, Sequence, TokenEvent
+from gateway.tools.simulator.errors import SimulatorError, invalid_request
+from gateway.tools.simulator.state import CONFIG_KEY, STATE_KEY, Route, SimulatorState
+from gateway.tools.simulator.tokens import chat_prompt_parts, completion_prompt_parts
+
+
+def add_routes(app: web.Application) -> None:
+    """`/v1/chat/completions`, `/v1/completions` and `/v1/models`."""
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+
+
+@dataclass(slots=True)
+class _Params:
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    prompt_tokens: int
+
+
+async def _models(request: web.Request) -> web.Response:
+    config = request.app[CONFIG_KEY]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": config.model,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "simulator",
+                    "root": config.model,
+                    "parent": None,
+                    "max_model_len": config.max_model_len,
+                }
+            ],
+        }
+    )
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "chat")
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, "completions")
+
+
+async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    engine = state.engine
+    info = state.receive(request, route)
+    try:
+        params = await _parse(request, route, state)
+    except SimulatorError as exc:
+        state.rejected += 1
+        info.status = exc.status
+        info.error_code = exc.code
+        return _error_response(exc)
+    info.model = params.model
+    info.stream = params.stream
+    info.max_tokens = params.max_tokens
+    info.include_usage = params.include_usage
+    info.prompt_tokens = params.prompt_tokens
+
+    response: web.StreamResponse
+    try:
+        seq = engine.submit(params.prompt_tokens, params.max_tokens)
+    except EngineStopped:
+        response = _error_response(_STOPPING)
+        info.status = response.status
+        return response
+    info.seq = seq
+    try:
+        if params.stream:
+            response = await _stream(request, route, params, seq)
+        else:
+            response = await _complete(route, params, seq)
+    except EngineStopped:
+        response = _error_response(_STOPPING)
+    finally:
+        # Cancelled (client gone), failed write, or engine stop: free the batch slot now.
+        engine.abort(seq)
+    info.status = response.status
+    return response
+
+
+async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _Params:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # too deep: not ours to parse
+        raise invalid_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid_request("request body must be a JSON object")
+
+    model = body.get("model")
+    if model is None:
+        model = state.config.model
+    elif not isinstance(model, str):
+        raise invalid_request("'model' must be a string", "model")
+
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
+    elif not isinstance(stream, bool):
+        raise invalid_request("'stream' must be a boolean", "stream")
+
+    include_usage = False
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not stream:
+            raise invalid_request(
+                "'stream_options' is only allowed when 'stream' is true", "stream_options"
+            )
+        if not isinstance(stream_options, dict):
+            raise invalid_request("'stream_options' must be an object", "stream_options")
+        usage_flag = stream_options.get("include_usage", False)
+        if not isinstance(usage_flag, bool) and usage_flag is not None:
+            raise invalid_request(
+                "'stream_options.include_usage' must be a boolean", "stream_options.include_usage"
+            )
+        include_usage = bool(usage_flag)
+
+    # vLLM: max_completion_tokens wins over the deprecated max_tokens when both are set.
+    max_tokens = state.config.default_max_tokens
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if type(value) is not int or value < 1:
+            raise invalid_request(f"'{key}' must be an integer >= 1", key)
+        max_tokens = value
+
+    if route == "chat":
+        if "messages" not in body:
+            raise invalid_request("'messages' is required", "messages")
+        parts = chat_prompt_parts(body["messages"], body.get("tools"))
+    else:
+        if "prompt" not in body:
+            raise invalid_request("'prompt' is required", "prompt")
+        parts = completion_prompt_parts(body["prompt"])
+    prompt_tokens = await state.counter.count_async(parts)
+
+    limit = state.config.max_model_len
+    if prompt_tokens + max_tokens > limit:
+        raise SimulatorError(
+            400,
+            "context_length_exceeded",
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
+            "in the completion). Please reduce the length of the prompt or completion.",
+            param="max_tokens",
+        )
+    return _Params(model, stream, include_usage, max_tokens, prompt_tokens)
+
+
+_STOPPING = SimulatorError(503, "engine_stopped", "the simulator is stopping")
+
+
+def _error_response(exc: SimulatorError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+def _usage(params: _Params, seq: Sequence) -> dict[str, int]:
+    return {
+        "prompt_tokens": params.prompt_tokens,
+        "completion_tokens": seq.generated,
+        "total_tokens": params.prompt_tokens + seq.generated,
+    }
+
+
+def _sse(obj: dict[str, Any] | str) -> bytes:
+    payload = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+    return b"data: " + payload.encode() + b"\n\n"
+
+
+async def _stream(
+    request: web.Request, route: Route, params: _Params, seq: Sequence
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    # Like vLLM (Starlette's StreamingResponse), the headers leave at once; the first data
+    # event only comes with the first token, after the prompt has been prefilled.
+    await response.prepare(request)
+    chat = route == "chat"
+    head: dict[str, Any] = {
+        "id": _completion_id(route),
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": params.model,
+    }
+    try:
+        await _write_events(response, chat, head, params, seq)
+    except ConnectionResetError:
+        pass  # the client left; the caller aborts the sequence
+    return response
+
+
+async def _write_events(
+    response: web.StreamResponse,
+    chat: bool,
+    head: dict[str, Any],
+    params: _Params,
+    seq: Sequence,
+) -> None:
+    first = True
+    while True:
+        try:
+            event = await seq.next_event()
+        except EngineStopped:
+            await response.write(_sse(_STOPPING.body()))
+            await response.write_eof()
+            return
+        if first and chat:
+            role = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            await response.write(_sse({**head, "choices": [role]}))
+        first = False
+        await response.write(_sse({**head, "choices": [_stream_choice(chat, event)]}))
+        if event.finish_reason is not None:
+            break
+    if params.include_usage:
+        await response.write(_sse({**head, "choices": [], "usage": _usage(params, seq)}))
+    await response.write(_sse("[DONE]"))
+    await response.write_eof()
+
+
+def _stream_choice(chat: bool, event: TokenEvent) -> dict[str, Any]:
+    if chat:
+        return {
+            "index": 0,
+            "delta": {"content": event.text},
+            "logprobs": None,
+            "finish_reason": event.finish_reason,
+        }
+    return {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+
+
+async def _complete(route: Route, params: _Params, seq: Sequence) -> web.Response:
+    texts: list[str] = []
+    while True:
+        event = await seq.next_event()
+        texts.append(event.text)
+        if event.finish_reason is not None:
+            break
+    text = "".join(texts)
+    chat = route == "chat"
+    choice: dict[str, Any]
+    if chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": event.finish_reason,
+        }
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
+    return web.json_response(
+        {
+            "id": _completion_id(route),
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": params.model,
+            "choices": [choice],
+            "usage": _usage(params, seq),
+        }
+    )
+
+
+def _completion_id(route: Route) -> str:
+    return ("chatcmpl-" if route == "chat" else "cmpl-") + uuid.uuid4().hex

@@ -1,0 +1,52 @@
+"""The HTML report: self-contained (no fetches), and a clear message when matplotlib is missing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.tools.analyze.support import lane_with_slow_tail, rec, run_cli, write_log
+
+
+def test_html_without_matplotlib_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import fails
+    log = write_log(tmp_path / "gw.log", [rec()])
+    code, _, err = run_cli([str(log), "--html", str(tmp_path / "r.html")], capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [
+        "analyze: --html needs matplotlib: pip install 'llm-tail-gateway[report]'"
+    ]
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_html_report_is_self_contained(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib")
+    records = lane_with_slow_tail("interactive", 900.0, 100.0)
+    records += lane_with_slow_tail("bulk", 100.0, 900.0, fast=20)
+    records += [rec(outcome="rejected_queue_full", queue=0.1, backend=None) for _ in range(3)]
+    records += [rec(outcome="queue_timeout", queue=5000.0, backend=None, e2e=5000.0)]
+    records += [rec(lane=None, outcome="rejected_prompt_too_long", queue=None, backend=None)]
+    records += [rec(stream=False, e2e=300.0), rec(queue=None, backend=None, e2e=None)]
+    log = write_log(tmp_path / "gw.log", records)
+    out = tmp_path / "report.html"
+    code, _, _ = run_cli([str(log), "--html", str(out)], capsys)
+    assert code == 0
+    page = out.read_text()
+    assert page.count("<svg") == 3
+    assert "queueing-bound" in page and "backend-bound" in page
+    assert_self_contained(page)
+
+
+def assert_self_contained(page: str) -> None:
+    """No script, stylesheet, image or font is fetched from anywhere."""
+    assert "<script" not in page.lower()
+    assert not re.search(r"<link\b", page, re.I)
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.I)
+    assert not re.search(r"@import|url\(\s*['\"]?\s*(https?:)?//", page, re.I)
+    # Every id is unique: several inline SVGs share one document.
+    ids = re.findall(r'\bid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))

@@ -1,0 +1,153 @@
+"""The simulator's engine: head-of-line blocking, the batch cap, aborts, FCFS chunked prefill.
+
+Most tests go through real HTTP on 127.0.0.1, because what matters is what a
+client (the gateway) sees. Timing assertions compare effects of seconds against
+milliseconds, so they hold on a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from gateway.tools.simulator import SimulatorConfig
+from gateway.tools.simulator.engine import Engine
+from tests.tools.simulator.support import (
+    LONG_PROMPT,
+    SHORT_PROMPT,
+    StartSim,
+    chat_body,
+    stats,
+    stream_ttft,
+    wait_for_stats,
+)
+
+
+async def test_short_request_waits_behind_a_long_prefill(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim()  # defaults: the effect must exist without tuning
+    alone = await stream_ttft(session, url, SHORT_PROMPT)
+
+    long_task = asyncio.create_task(stream_ttft(session, url, LONG_PROMPT))
+    await wait_for_stats(session, url, lambda s: s["running"] == 1)
+    behind = await stream_ttft(session, url, SHORT_PROMPT)
+    long_ttft = await long_task
+
+    assert alone < 0.5
+    assert long_ttft > 1.0
+    assert behind > 5 * alone
+    assert behind > 0.5  # it waited for most of the long prompt's ~2 s prefill
+
+
+async def test_batch_cap_makes_the_third_request_wait(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim(max_batch=2)
+    body = chat_body(max_tokens=60)  # ~60 steps of ~6 ms: a few hundred ms each
+
+    async def post(rid: str) -> None:
+        headers = {"x-request-id": rid}
+        async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+            assert resp.status == 200
+            await resp.read()
+
+    tasks = [asyncio.create_task(post(f"r{i}")) for i in range(3)]
+    snapshot = await wait_for_stats(session, url, lambda s: s["received"] == 3, within_s=2.0)
+    assert (snapshot["running"], snapshot["waiting"]) == (2, 1)
+    await asyncio.gather(*tasks)
+
+    async with session.get(f"{url}/sim/requests") as resp:
+        records = {r["request_id"]: r for r in (await resp.json())["requests"]}
+    assert all(r["outcome"] == "completed" for r in records.values())
+    ordered = sorted(records.values(), key=lambda r: r["admitted"])
+    # The last one admitted only got in once one of the first two had finished.
+    assert ordered[2]["admitted"] >= min(ordered[0]["end"], ordered[1]["end"])
+    snapshot = await stats(session, url)
+    assert (snapshot["running"], snapshot["waiting"], snapshot["completed"]) == (0, 0, 3)
+
+
+async def test_disconnect_mid_stream_aborts_the_sequence(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim()
+    body = chat_body(stream=True, max_tokens=2000)  # ~11 s if it ran to the end
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        seen = 0
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                seen += 1
+            if seen >= 5:
+                break
+        resp.close()  # drop the connection mid-stream
+
+    snapshot = await wait_for_stats(session, url, lambda s: s["aborted"] == 1 and not s["running"])
+    assert snapshot["aborted"] == 1
+    assert (snapshot["running"], snapshot["waiting"], snapshot["completed"]) == (0, 0, 0)
+    async with session.get(f"{url}/sim/requests") as resp:
+        (record,) = (await resp.json())["requests"]
+    assert record["outcome"] == "aborted"
+    assert 4 <= record["completion_tokens"] < 2000
+
+
+async def test_disconnect_while_waiting_aborts_before_any_byte(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim(max_batch=1)
+    hog_body = chat_body(stream=True, max_tokens=2000)
+    async with session.post(f"{url}/v1/chat/completions", json=hog_body) as hog:
+        await hog.content.readline()  # the hog holds the only batch slot
+
+        # Non-stream: no byte is written until it completes, so only handler cancellation
+        # can tell the server that this client gave up.
+        timeout = aiohttp.ClientTimeout(total=0.3)
+        with pytest.raises(asyncio.TimeoutError):
+            async with session.post(
+                f"{url}/v1/chat/completions", json=chat_body(max_tokens=5), timeout=timeout
+            ) as resp:
+                await resp.read()
+        snapshot = await wait_for_stats(session, url, lambda s: s["aborted"] == 1)
+        assert (snapshot["aborted"], snapshot["running"], snapshot["waiting"]) == (1, 1, 0)
+        hog.close()
+
+    snapshot = await wait_for_stats(session, url, lambda s: s["aborted"] == 2 and not s["running"])
+    assert (snapshot["aborted"], snapshot["running"], snapshot["waiting"]) == (2, 0, 0)
+    assert snapshot["completed"] == 0
+    async with session.get(f"{url}/sim/requests") as resp:
+        records = (await resp.json())["requests"]
+    waiter = next(r for r in records if not r["stream"])
+    assert waiter["outcome"] == "aborted"
+    assert waiter["admitted"] is None and waiter["first_token"] is None
+
+
+async def test_disconnect_while_prefilling_frees_the_slot(
+    start_sim: StartSim, session: aiohttp.ClientSession
+):
+    url = await start_sim()
+    timeout = aiohttp.ClientTimeout(total=0.3)
+    with pytest.raises(asyncio.TimeoutError):
+        body = chat_body(LONG_PROMPT, max_tokens=5)
+        async with session.post(f"{url}/v1/chat/completions", json=body, timeout=timeout) as resp:
+            await resp.read()
+    snapshot = await wait_for_stats(session, url, lambda s: s["aborted"] == 1 and not s["running"])
+    assert (snapshot["aborted"], snapshot["running"], snapshot["waiting"]) == (1, 0, 0)
+    # The prefill stopped with the client: far fewer prompt tokens than the 4000 were processed.
+    assert snapshot["prefilled_tokens"] < 3000
+
+
+async def test_engine_prefills_first_come_first_served_in_chunks():
+    """Pure engine: a 1000-token prompt takes the budget before a 10-token one behind it."""
+    config = SimulatorConfig(prefill_tokens_per_step=400, step_base_ms=1, prefill_ms_per_token=0)
+    engine = Engine(config)
+    long_seq = engine.submit(1000, 1)
+    short_seq = engine.submit(10, 1)
+    await engine.step()
+    assert (long_seq.prefilled, short_seq.prefilled) == (400, 0)
+    await engine.step()
+    assert (long_seq.prefilled, short_seq.prefilled) == (800, 0)
+    await engine.step()  # 200 left for the long one, 10 for the short: both done this step
+    assert long_seq.state == short_seq.state == "completed"
+    assert long_seq.first_token == short_seq.first_token
+    assert engine.stats()["completed"] == 2
