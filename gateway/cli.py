@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from gateway.admission.tokens import EncodingUnavailable, load_encoding
@@ -109,9 +110,12 @@ def check_config(settings: Settings) -> int:
     except EncodingUnavailable as exc:
         print(f"config error: [tokenizer].encoding: {exc}", file=sys.stderr)
         return 2
-    effective = settings.to_dict()
+    effective = settings.to_dict()  # fresh dicts: masking the secrets leaves settings be
     for api_key in effective["api_keys"]:
         api_key["key"] = "***"  # never print secrets
+    for backend in effective["backends"]:
+        if backend["api_key"] is not None:
+            backend["api_key"] = "***"
     effective["lane_slot_limits"] = {
         lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
     }
@@ -162,8 +166,7 @@ def serve(settings: Settings) -> int:
 
 
 def _with_backend(settings: Settings, url: str) -> Settings:
-    settings.backends = [BackendSettings(url=url, name="simulator")]
-    return settings
+    return msgspec.structs.replace(settings, backends=[BackendSettings(url=url, name="simulator")])
 
 
 def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -216,13 +216,14 @@ class InProcessGateway:
 
     def __init__(self, backend: str, slots: int, port: int, log_path: Path) -> None:
         from gateway.app import build_app
-        from gateway.config import BackendSettings, Settings, validate
+        from gateway.config import BackendSettings, ServerSettings, Settings, validate
 
-        settings = Settings(
-            backends=[BackendSettings(url=backend, name="sim", max_concurrency=slots)]
+        settings = validate(
+            Settings(
+                server=ServerSettings(port=port),
+                backends=[BackendSettings(url=backend, name="sim", max_concurrency=slots)],
+            )
         )
-        settings.server.port = port
-        validate(settings)
         self.log = log_path.open("w")
         self.app = build_app(settings, log_stream=self.log)
         self.url = f"http://127.0.0.1:{port}"

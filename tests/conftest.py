@@ -6,6 +6,7 @@ import io
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,6 +14,7 @@ import pytest
 import tiktoken
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from hypothesis import is_hypothesis_test
 
 from gateway.admission.tokens import load_encoding
 from gateway.app import build_app
@@ -68,7 +70,10 @@ async def start_simulator_at() -> AsyncIterator[StartSimulator]:
 
 @pytest.fixture
 async def start_gateway() -> AsyncIterator[StartGateway]:
-    """Start a gateway in front of `backends` with settings adjusted by `configure`."""
+    """Start a gateway in front of `backends` with settings adjusted by `configure`.
+
+    Settings are frozen: `configure` returns new ones (`msgspec.structs.replace`).
+    """
     servers: list[TestServer] = []
 
     async def start(
@@ -76,7 +81,7 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
         *,
         max_concurrency: int = 8,
         lanes: list[LaneSettings] | None = None,
-        configure: Callable[[Settings], None] | None = None,
+        configure: Callable[[Settings], Settings] | None = None,
     ) -> RunningGateway:
         settings = Settings(
             backends=[
@@ -86,8 +91,8 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
             lanes=lanes or default_lanes(),
         )
         if configure:
-            configure(settings)
-        validate(settings)
+            settings = configure(settings)
+        settings = validate(settings)
         log = io.StringIO()
         app = build_app(settings, log_stream=log, encoding=encoding())
         server = TestServer(app, host="127.0.0.1")
@@ -120,3 +125,23 @@ def sse_events(raw: bytes) -> list[Any]:
         data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+# ----------------------------------------------------------------------------- slow tests
+
+#: Directories (under tests/) whose every test is `slow`: real gateways and simulators
+#: under load (the 2000-request burst, 1000 open streams), fault injection with its
+#: settle-and-check waits, clusters, loadgen runs, a subprocess drained by SIGTERM.
+SLOW_DIRS = ("integration",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `slow` what `make test-fast` (`-m "not slow"`) leaves to `make test`: the
+    directories above and every hypothesis-driven test (schemathesis' included), which
+    runs hundreds of examples. A single slow test elsewhere carries `@pytest.mark.slow`."""
+    tests = Path(__file__).parent
+    slow_dirs = [tests / name for name in SLOW_DIRS]
+    for item in items:
+        in_slow_dir = any(item.path.is_relative_to(d) for d in slow_dirs)
+        if in_slow_dir or is_hypothesis_test(getattr(item, "obj", None)):
+            item.add_marker(pytest.mark.slow)

@@ -13,15 +13,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gateway.config import (
+    ApiKeySettings,
     BackendSettings,
     ConfigError,
     LaneSettings,
+    ServerSettings,
     Settings,
     consistency_warnings,
     load_settings,
+    validate,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -548,3 +552,241 @@ def test_unrecognized_gateway_env_names_are_reported() -> None:
         "PATH": "/bin",
     }
     assert unrecognized_env_names(env) == ["GATEWAY_LIMTS_MAX_N"]
+
+
+# --- frozen settings, and the decisions of the msgspec conversion ------------------------------
+
+
+def test_settings_are_frozen_and_changed_by_replacing() -> None:
+    settings = load_settings(env={})
+    with pytest.raises(AttributeError):
+        settings.server.port = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        settings.backends = []  # type: ignore[misc]
+    changed = msgspec.structs.replace(settings, server=ServerSettings(port=9000))
+    assert (changed.server.port, settings.server.port) == (9000, 8080)
+
+
+def test_validate_returns_checked_settings_with_names_filled() -> None:
+    built = Settings(
+        backends=[BackendSettings(url="http://a.local:1"), BackendSettings(url="http://b:2")],
+        api_keys=[ApiKeySettings(key="k" * 8), ApiKeySettings(key="j" * 8, name="mine")],
+        lanes=[LaneSettings(name="only", queue_timeout_s=2)],
+    )
+    checked = validate(built)
+    assert [b.name for b in checked.backends] == ["a.local:1", "b:2"]
+    assert [k.name for k in checked.api_keys] == ["key1", "mine"]
+    assert checked.lanes[0].queue_timeout_s == 2.0
+    assert isinstance(checked.lanes[0].queue_timeout_s, float)
+    assert [b.name for b in built.backends] == ["", ""]  # the input is left as it was
+
+
+@pytest.mark.parametrize(
+    ("settings", "names"),
+    [
+        pytest.param(Settings(server=ServerSettings(port=0)), ["[server].port"], id="port"),
+        pytest.param(
+            Settings(lanes=[LaneSettings(name="a", max_slot_share=float("nan"))]),
+            ["[[lanes]] a.max_slot_share", "nan"],
+            id="nan-share",
+        ),
+        pytest.param(
+            Settings(backends=[BackendSettings(url="nowhere")]), ["[[backends]] #1.url"], id="url"
+        ),
+        pytest.param(Settings(lanes=[]), ["[[lanes]]", "at least one"], id="no-lanes"),
+    ],
+)
+def test_validate_checks_settings_built_in_code(settings: Settings, names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(settings)
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        pytest.param("[timeouts]\ntotal_s = -inf\n", ["[timeouts].total_s", "finite"], id="-inf"),
+        pytest.param(
+            '[[backends]]\nurl = "http://a:1"\nweight = inf\n',
+            ["[[backends]] #1.weight", "finite"],
+            id="inf-weight",
+        ),
+        pytest.param(
+            '[[lanes]]\nname = "a"\nmax_slot_share = nan\n',
+            ["[[lanes]] a.max_slot_share", "nan"],
+            id="nan-share",
+        ),
+    ],
+)
+def test_non_finite_floats_are_refused(tmp_path: Path, text: str, names: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "infinity", "NaN"])
+def test_non_finite_floats_from_env_are_refused_naming_the_variable(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(env={"GATEWAY_TIMEOUTS_TOTAL_S": text})
+    assert "[timeouts].total_s (from GATEWAY_TIMEOUTS_TOTAL_S)" in str(info.value)
+
+
+def test_non_finite_override_is_refused() -> None:
+    with pytest.raises(
+        ConfigError, match=r"\[timeouts\].total_s \(from override timeouts.total_s\)"
+    ):
+        load_settings(env={}, overrides={"timeouts.total_s": float("nan")})
+
+
+BOOL_IS_NOT_A_NUMBER = [
+    pytest.param("[server]\nuvloop = 1\n", ["[server].uvloop", "true or false"], id="int-bool"),
+    pytest.param(
+        '[[backends]]\nurl = "http://a:1"\nweight = true\n',
+        ["[[backends]] #1.weight", "number"],
+        id="bool-float",
+    ),
+    pytest.param(
+        '[[lanes]]\nname = "a"\nmax_slots = false\n',
+        ["[[lanes]] a.max_slots", "integer"],
+        id="bool-optional-int",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "names"), BOOL_IS_NOT_A_NUMBER)
+def test_a_toml_bool_is_not_a_number_nor_a_number_a_bool(
+    tmp_path: Path, text: str, names: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_a_toml_integer_is_a_number_and_becomes_a_float(tmp_path: Path) -> None:
+    text = '[[backends]]\nurl = "http://a:1"\nweight = 2\n'
+    weight = load_settings(write_toml(tmp_path, text), env={}).backends[0].weight
+    assert weight == 2.0 and isinstance(weight, float)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1", True), ("YES", True), (" on ", True), ("0", False), ("False", False), ("no", False)],
+)
+def test_env_bool_words(text: str, expected: bool) -> None:
+    settings = load_settings(env={"GATEWAY_SERVER_UVLOOP": text})
+    assert settings.server.uvloop is expected
+
+
+@pytest.mark.parametrize("text", ["true", "1.0", "8e3", ""])
+def test_env_integer_is_an_integer(text: str) -> None:
+    with pytest.raises(ConfigError, match="GATEWAY_LIMITS_MAX_N.*expected an integer"):
+        load_settings(env={"GATEWAY_LIMITS_MAX_N": text})
+
+
+def test_env_lists_are_comma_separated() -> None:
+    env = {
+        "GATEWAY_BACKENDS": "http://a:1,http://b:2",
+        "GATEWAY_LANES_BULK_BACKENDS": " b:2 , a:1,,",
+    }
+    assert lane(load_settings(env=env), "bulk").backends == ["b:2", "a:1"]
+    env["GATEWAY_LANES_BULK_BACKENDS"] = "none"
+    assert lane(load_settings(env=env), "bulk").backends is None
+
+
+def test_env_sets_a_client_key_by_index_and_never_repeats_it(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[[api_keys]]\nkey = "from-the-file"\n')
+    settings = load_settings(path, env={"GATEWAY_API_KEYS_0_KEY": "from-the-env"})
+    assert [(k.name, k.key) for k in settings.api_keys] == [("key1", "from-the-env")]
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, env={"GATEWAY_API_KEYS_0_KEY": "s3cr3t"})
+    assert "[[api_keys]] #1.key" in str(info.value)
+    assert "s3cr3t" not in str(info.value)
+
+
+def test_env_sets_a_keys_lanes_as_a_comma_list(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[[api_keys]]\nkey = "long-enough"\n')
+    settings = load_settings(path, env={"GATEWAY_API_KEYS_0_LANES": "bulk, interactive"})
+    assert settings.api_keys[0].lanes == ["bulk", "interactive"]
+    with pytest.raises(ConfigError, match=r"^\[\[api_keys\]\] #1.lanes: no lane named nope$"):
+        load_settings(path, env={"GATEWAY_API_KEYS_0_LANES": "nope"})
+
+
+def test_a_bad_file_value_is_not_rescued_by_the_environment(tmp_path: Path) -> None:
+    """Each source must be valid on its own: a broken file is reported, not masked."""
+    path = write_toml(tmp_path, "[server]\nport = 0\n")
+    with pytest.raises(ConfigError, match=r"^\[server\].port: must be from 1 to 65535, got 0$"):
+        load_settings(path, env={"GATEWAY_SERVER_PORT": "8080"})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[backends]]\nurl = "http://a:1"\nport = 1\n', "[[backends]] #1: unknown key 'port'"),
+        ('[[api_keys]]\nkey = "long-enough"\nlane = "a"\n', "[[api_keys]] #1: unknown key 'lane'"),
+        (
+            '[[lanes]]\nname = "a"\nbackends = ["x", 1]\n',
+            "[[lanes]] a.backends: expected an array of strings",
+        ),
+        (
+            '[[lanes]]\nname = "a"\nbackends = []\n',
+            "[[lanes]] a.backends: must name at least one backend",
+        ),
+        ('[health]\npath = "health"\n', "[health].path: must start with '/', got 'health'"),
+        (
+            "[limits]\non_max_tokens_over = 1\n",
+            '[limits].on_max_tokens_over: expected "clamp" or "reject", got 1',
+        ),
+    ],
+)
+def test_more_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_a_backends_api_key_is_never_repeated_in_an_error(tmp_path: Path) -> None:
+    text = '[[backends]]\nurl = "http://a:1"\napi_key = 12345678\n'
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    assert str(info.value) == "[[backends]] #1.api_key: expected a string"
+
+
+def test_log_level_is_case_insensitive() -> None:
+    assert load_settings(env={"GATEWAY_LOGGING_LEVEL": "WARNING"}).logging.level == "WARNING"
+
+
+def test_to_dict_is_plain_data_that_converts_back() -> None:
+    settings = load_settings(REPO_ROOT / "config" / "gateway.toml", env={})
+    data = settings.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    data["server"]["port"] = 1  # a copy: the settings are untouched
+    assert settings.server.port == 8080
+    assert msgspec.convert(settings.to_dict(), Settings) == settings
+
+
+def test_check_config_masks_secrets(tmp_path: Path) -> None:
+    text = (
+        '[[backends]]\nurl = "http://a:1"\napi_key = "backend-secret"\n'
+        '[[api_keys]]\nkey = "client-secret"\n'
+    )
+    result = run_check_config("--config", str(write_toml(tmp_path, text)))
+    assert result.returncode == 0, result.stderr
+    assert "secret" not in result.stdout
+    effective = json.loads(result.stdout)
+    assert effective["backends"][0]["api_key"] == "***"
+    assert effective["api_keys"][0] == {
+        "name": "key1",
+        "key": "***",
+        "lanes": None,
+        "allow_lane_override": False,
+    }
+
+
+def test_the_documented_example_config_checks_clean() -> None:
+    result = run_check_config("--config", str(REPO_ROOT / "config" / "gateway.toml"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["backends"][0]["name"] == "local"

@@ -17,10 +17,18 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from gateway.app import build_app
-from gateway.config import BackendSettings, Settings, default_lanes, validate
+from gateway.config import (
+    BackendSettings,
+    LimitsSettings,
+    ServerSettings,
+    Settings,
+    default_lanes,
+    validate,
+)
 from gateway.state import GATEWAY, GatewayState
 from gateway.tools.simulator import SimulatorConfig, start_simulator
 from tests.conftest import encoding
+from tests.helpers import held
 
 T = TypeVar("T")
 
@@ -29,16 +37,17 @@ def gateway_settings(
     backend_url: str, *, max_n: int = 4, max_body_bytes: int | None = None
 ) -> Settings:
     """Small output caps so that every accepted request finishes in tens of milliseconds."""
-    settings = Settings(
+    server = (
+        ServerSettings()
+        if max_body_bytes is None
+        else ServerSettings(max_body_bytes=max_body_bytes)
+    )
+    return Settings(
+        server=server,
+        limits=LimitsSettings(default_max_tokens=4, max_output_tokens=8, max_n=max_n),
         backends=[BackendSettings(url=backend_url, name="sim", max_concurrency=8)],
         lanes=default_lanes(),
     )
-    settings.limits.default_max_tokens = 4
-    settings.limits.max_output_tokens = 8
-    settings.limits.max_n = max_n
-    if max_body_bytes is not None:
-        settings.server.max_body_bytes = max_body_bytes
-    return settings
 
 
 class LiveGateway:
@@ -84,8 +93,7 @@ class LiveGateway:
             SimulatorConfig(step_base_ms=1.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.1)
         )
         self._runners.append(sim_runner)
-        settings = self.make_settings(f"http://127.0.0.1:{sim_port}")
-        validate(settings)
+        settings = validate(self.make_settings(f"http://127.0.0.1:{sim_port}"))
         app = build_app(settings, log_stream=self.log, encoding=encoding())
         # As `serve` runs it: handler cancellation on, no automatic body decompression.
         runner = web.AppRunner(
@@ -138,19 +146,3 @@ class LiveGateway:
             if not found or time.monotonic() > deadline:
                 return found
             time.sleep(0.02)
-
-
-def held(state: GatewayState) -> list[str]:
-    """Every slot, queue entry or token budget a request still holds."""
-    found = []
-    for lane in state.scheduler.lanes:
-        if lane.in_flight or lane.queue:
-            found.append(f"lane {lane.name}: in_flight={lane.in_flight} queued={len(lane.queue)}")
-    for backend in state.pool.backends:
-        if backend.in_flight or backend.prefilling_tokens or backend.outstanding_tokens:
-            found.append(
-                f"backend {backend.name}: in_flight={backend.in_flight} "
-                f"prefilling_tokens={backend.prefilling_tokens} "
-                f"outstanding_tokens={backend.outstanding_tokens}"
-            )
-    return found

@@ -7,7 +7,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.app import build_app
-from gateway.config import BackendSettings, Settings
+from gateway.config import BackendSettings, ServerSettings, Settings
 from tests.conftest import encoding
 
 
@@ -56,8 +56,10 @@ async def test_a_gateway_bug_is_a_500_envelope_and_a_logged_traceback(
 async def test_body_over_the_byte_limit_is_refused_before_being_read(
     http: aiohttp.ClientSession,
 ) -> None:
-    settings = Settings(backends=[BackendSettings(url="http://127.0.0.1:9", name="b")])
-    settings.server.max_body_bytes = 1000
+    settings = Settings(
+        server=ServerSettings(max_body_bytes=1000),
+        backends=[BackendSettings(url="http://127.0.0.1:9", name="b")],
+    )
     server = await start(build_app(settings, encoding=encoding()))
     try:
         big = b'{"messages": [{"role": "user", "content": "' + b"x" * 5000 + b'"}]}'

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from msgspec.structs import replace
 
 from gateway.config import LaneSettings, Settings
 from gateway.tools.simulator import SimulatorConfig, start_simulator
@@ -32,11 +33,10 @@ async def eventually(check: Any, within_s: float = 5.0, step_s: float = 0.02) ->
     return loop.time() - start
 
 
-def fast_health(settings: Settings) -> None:
-    settings.health.interval_s = 0.2
-    settings.health.timeout_s = 0.1
-    settings.health.eject_base_s = 0.5
-    settings.health.failures_to_eject = 2
+def fast_health(settings: Settings, **health: Any) -> Settings:
+    """Quick checks and short ejections; `health` changes more keys of [health]."""
+    fast = {"interval_s": 0.2, "timeout_s": 0.1, "eject_base_s": 0.5, "failures_to_eject": 2}
+    return replace(settings, health=replace(settings.health, **{**fast, **health}))
 
 
 async def test_load_is_spread_in_proportion_to_capacity(
@@ -44,9 +44,15 @@ async def test_load_is_spread_in_proportion_to_capacity(
 ) -> None:
     big, small = await start_simulator_at(max_batch=16), await start_simulator_at(max_batch=16)
 
-    def weights(settings: Settings) -> None:
-        settings.backends[0].weight, settings.backends[0].max_concurrency = 3.0, 12
-        settings.backends[1].weight, settings.backends[1].max_concurrency = 1.0, 4
+    def weights(settings: Settings) -> Settings:
+        first, second = settings.backends
+        return replace(
+            settings,
+            backends=[
+                replace(first, weight=3.0, max_concurrency=12),
+                replace(second, weight=1.0, max_concurrency=4),
+            ],
+        )
 
     gateway = await start_gateway([big, small], configure=weights)
 
@@ -74,9 +80,8 @@ async def test_a_killed_backend_is_ejected_and_no_unstarted_request_is_lost(
     runner, port = await start_simulator(SimulatorConfig())
     victim = f"http://127.0.0.1:{port}"
 
-    def passive_only(settings: Settings) -> None:
-        fast_health(settings)
-        settings.health.interval_s = 60  # only request failures can tell it died
+    def passive_only(settings: Settings) -> Settings:
+        return fast_health(settings, interval_s=60)  # only request failures can tell it died
 
     gateway = await start_gateway([victim, survivor], configure=passive_only)
 
@@ -115,8 +120,9 @@ async def test_a_request_refused_by_a_dead_backend_is_retried_on_another(
     runner, port = await start_simulator(SimulatorConfig())
     survivor = await start_simulator_at()
 
-    def passive_only(settings: Settings) -> None:
-        settings.health.interval_s = 60  # only request failures can tell it died
+    def passive_only(settings: Settings) -> Settings:
+        # only request failures can tell it died
+        return replace(settings, health=replace(settings.health, interval_s=60))
 
     gateway = await start_gateway([f"http://127.0.0.1:{port}", survivor], configure=passive_only)
     await runner.cleanup()  # dies while idle: the gateway still thinks it is fine
@@ -187,11 +193,15 @@ async def test_a_hung_backend_is_ejected_by_first_token_timeouts(
     hung, seen = hung_backend
     good = await start_simulator_at()
 
-    def configure(settings: Settings) -> None:
-        fast_health(settings)
-        settings.health.eject_base_s = 30  # stays out for the rest of the test
-        settings.timeouts.first_token_s = 0.3
-        settings.backends[0].max_concurrency = 1  # one request at a time on the hung one
+    def configure(settings: Settings) -> Settings:
+        settings = fast_health(settings, eject_base_s=30)  # stays out for the rest of the test
+        first, *others = settings.backends
+        return replace(
+            settings,
+            timeouts=replace(settings.timeouts, first_token_s=0.3),
+            # one request at a time on the hung one
+            backends=[replace(first, max_concurrency=1), *others],
+        )
 
     gateway = await start_gateway([hung, good], configure=configure)
     statuses = []
@@ -292,9 +302,10 @@ async def test_backend_api_key_replaces_the_clients_and_priority_is_sent(
 ) -> None:
     url, received = header_backend
 
-    def configure(settings: Settings) -> None:
-        settings.backends[0].api_key = "backend-secret"
-        settings.backends[0].priority_field = True
+    def configure(settings: Settings) -> Settings:
+        first, *others = settings.backends
+        backend = replace(first, api_key="backend-secret", priority_field=True)
+        return replace(settings, backends=[backend, *others])
 
     gateway = await start_gateway([url], configure=configure)
     for prompt in ("short", "long " * 1500):

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from msgspec.structs import replace
 
 from gateway.config import LaneSettings, Settings
 from tests.conftest import RunningGateway, StartGateway, StartSimulator, chat, sse_events
@@ -172,9 +173,8 @@ async def test_missing_max_tokens_is_defaulted_and_too_big_is_clamped(
     sim = await start_simulator_at()
     gateway = await start_gateway(
         [sim],
-        configure=lambda s: (
-            setattr(s.limits, "default_max_tokens", 9),
-            setattr(s.limits, "max_output_tokens", 20),
+        configure=lambda s: replace(
+            s, limits=replace(s.limits, default_max_tokens=9, max_output_tokens=20)
         ),
     )
     async with http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT)) as resp:
@@ -200,7 +200,7 @@ async def test_prompt_over_the_cap_gets_413_before_any_backend_work(
 ) -> None:
     sim = await start_simulator_at()
     gateway = await start_gateway(
-        [sim], configure=lambda s: setattr(s.limits, "max_prompt_tokens", 100)
+        [sim], configure=lambda s: replace(s, limits=replace(s.limits, max_prompt_tokens=100))
     )
     async with http.post(
         gateway.url + "/v1/chat/completions", json=chat("word " * 300, stream=True)
@@ -303,7 +303,8 @@ async def test_backend_that_went_down_gives_502(
 
     runner, port = await start_simulator(SimulatorConfig())
     gateway = await start_gateway(
-        [f"http://127.0.0.1:{port}"], configure=lambda s: setattr(s.health, "interval_s", 60)
+        [f"http://127.0.0.1:{port}"],
+        configure=lambda s: replace(s, health=replace(s.health, interval_s=60)),
     )
     async with http.post(gateway.url + "/v1/chat/completions", json=chat(max_tokens=2)) as resp:
         assert resp.status == 200  # it was up and checked healthy
@@ -470,7 +471,7 @@ async def test_each_request_leaves_exactly_one_complete_log_line(
 ) -> None:
     gateway = await start_gateway(
         [await start_simulator_at()],
-        configure=lambda s: setattr(s.limits, "max_prompt_tokens", 500),
+        configure=lambda s: replace(s, limits=replace(s.limits, max_prompt_tokens=500)),
     )
     sent = {
         "stream-ok": chat(SHORT_PROMPT, max_tokens=6, stream=True),

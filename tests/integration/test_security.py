@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import aiohttp
+from msgspec.structs import replace
 
 from gateway.config import ApiKeySettings, Settings
 from tests.conftest import StartGateway, StartSimulator, chat
@@ -11,11 +12,14 @@ WEB_KEY = "web-ui-key-123"
 BATCH_KEY = "batch-key-456"
 
 
-def with_keys(settings: Settings) -> None:
-    settings.api_keys = [
-        ApiKeySettings(name="web-ui", key=WEB_KEY, lanes=["interactive"]),
-        ApiKeySettings(name="batch", key=BATCH_KEY, allow_lane_override=True),
-    ]
+def with_keys(settings: Settings) -> Settings:
+    return replace(
+        settings,
+        api_keys=[
+            ApiKeySettings(name="web-ui", key=WEB_KEY, lanes=["interactive"]),
+            ApiKeySettings(name="batch", key=BATCH_KEY, allow_lane_override=True),
+        ],
+    )
 
 
 async def post(

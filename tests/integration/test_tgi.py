@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from msgspec.structs import replace
 
 from tests.conftest import StartGateway, StartSimulator
 
@@ -54,9 +55,9 @@ async def test_generate_caps_max_new_tokens_and_passes_info_through(
 ) -> None:
     sim = await start_simulator_at()
 
-    def small_caps(settings: Any) -> None:
-        settings.limits.default_max_tokens = 8
-        settings.limits.max_output_tokens = 12
+    def small_caps(settings: Any) -> Any:
+        limits = replace(settings.limits, default_max_tokens=8, max_output_tokens=12)
+        return replace(settings, limits=limits)
 
     gateway = await start_gateway([sim], configure=small_caps)
     body = {"inputs": "Hello", "parameters": {"max_new_tokens": 500, "details": True}}

@@ -13,7 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from msgspec.structs import replace
 
+from gateway.config import Settings
 from tests.conftest import StartGateway, chat, sse_events
 
 CHUNK = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"hi "},"finish_reason":null}]}\n\n'
@@ -166,9 +168,8 @@ async def fault_backend() -> AsyncIterator[tuple[str, dict[str, int]]]:
     await server.close()
 
 
-def short_timeouts(settings) -> None:  # type: ignore[no-untyped-def]
-    settings.timeouts.first_token_s = 0.3
-    settings.timeouts.idle_s = 0.3
+def short_timeouts(settings: Settings) -> Settings:
+    return replace(settings, timeouts=replace(settings.timeouts, first_token_s=0.3, idle_s=0.3))
 
 
 @pytest.mark.parametrize("fault", ["hang", "stall"])
