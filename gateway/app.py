@@ -19,6 +19,7 @@ from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.record import clock
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.health import HealthMonitor
@@ -44,7 +45,7 @@ def build_app(
         clock=time.monotonic,
     )
     slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}
-    scheduler = Scheduler(settings.lanes, slot_limits, pool)
+    scheduler = Scheduler(settings.lanes, slot_limits, pool, clock=clock)
     pool.on_available = scheduler.notify_capacity
     metrics = GatewayMetrics()
     metrics.watch(scheduler, pool)
@@ -76,7 +77,7 @@ def build_app(
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
-    app.router.add_get("/openapi.json", openapi.openapi_json)
+    openapi.install(app, settings)
     return app
 
 

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Sequence
 
 from gateway.config import ApiKeySettings, LaneSettings
-from gateway.errors import GatewayError
+from gateway.outcomes import InvalidLane, LaneNotAllowed, Unauthorized
 
 BEARER = "bearer "
 
@@ -32,22 +32,10 @@ class ClientKeys:
         if not self._by_digest:
             return None
         if not authorization or not authorization.lower().startswith(BEARER):
-            raise GatewayError(
-                401,
-                "invalid_api_key",
-                "This gateway needs an API key: send 'Authorization: Bearer <key>'.",
-                error_type="invalid_request_error",
-                outcome="rejected_unauthorized",
-            )
+            raise Unauthorized("This gateway needs an API key: send 'Authorization: Bearer <key>'.")
         client = self._by_digest.get(_digest(authorization[len(BEARER) :].strip()))
         if client is None:
-            raise GatewayError(
-                401,
-                "invalid_api_key",
-                "Incorrect API key provided.",
-                error_type="invalid_request_error",
-                outcome="rejected_unauthorized",
-            )
+            raise Unauthorized("Incorrect API key provided.")
         return client
 
 
@@ -60,9 +48,7 @@ def lane_override(
     for lane in lanes:
         if lane.name == requested:
             return lane
-    raise GatewayError(
-        400,
-        "invalid_lane",
+    raise InvalidLane(
         f"X-Gateway-Lane names no lane; lanes: {', '.join(lane.name for lane in lanes)}.",
         param="X-Gateway-Lane",
     )
@@ -70,10 +56,7 @@ def lane_override(
 
 def check_lane_allowed(client: ApiKeySettings | None, lane: LaneSettings) -> None:
     if client is not None and client.lanes is not None and lane.name not in client.lanes:
-        raise GatewayError(
-            403,
-            "lane_not_allowed",
+        raise LaneNotAllowed(
             f"This request belongs in the '{lane.name}' lane, which this API key may not use "
             f"(it may use: {', '.join(client.lanes) or 'none'}).",
-            error_type="permission_error",
         )

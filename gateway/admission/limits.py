@@ -8,12 +8,9 @@ injected, and an over-cap value is clamped (or refused) before scheduling.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.config import LimitsSettings
-from gateway.errors import GatewayError, invalid_request
-
-MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+from gateway.outcomes import ContextLengthExceeded, InvalidRequest, MaxTokensTooLarge, PromptTooLong
 
 
 @dataclass(slots=True, frozen=True)
@@ -34,38 +31,24 @@ class OutputBudget:
         return self.max_tokens * self.n * self.prompt_count
 
 
-def read_positive_int(body: dict[str, Any], key: str) -> int | None:
-    """An optional positive integer field; booleans and strings are refused."""
-    value = body.get(key)
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise invalid_request(f"'{key}' must be a positive integer", key)
-    return value
+def smallest_cap(*values: int | None) -> int | None:
+    """The smallest output cap the client set over the fields its API knows; None if none."""
+    given = [v for v in values if v is not None]
+    return min(given) if given else None
 
 
-def requested_max_tokens(
-    body: dict[str, Any], fields: tuple[str, ...] = MAX_TOKENS_FIELDS
-) -> int | None:
-    """The smallest output cap the client set, over the fields the API knows."""
-    values = [v for v in (read_positive_int(body, f) for f in fields) if v is not None]
-    return min(values) if values else None
-
-
-def read_n(body: dict[str, Any], limits: LimitsSettings, key: str = "n") -> int:
-    n = read_positive_int(body, key)
+def check_n(n: int | None, limits: LimitsSettings, param: str = "n") -> int:
+    """Choices per prompt (`n`, TGI's `best_of`): 1 when absent, at most `max_n`."""
     if n is None:
         return 1
     if n > limits.max_n:
-        raise invalid_request(f"'{key}' must be at most {limits.max_n}", key)
+        raise InvalidRequest(f"'{param}' must be at most {limits.max_n}", param=param)
     return n
 
 
 def check_prompt(prompt_tokens: int, limits: LimitsSettings, param: str = "messages") -> None:
     if prompt_tokens > limits.max_prompt_tokens:
-        raise GatewayError(
-            413,
-            "prompt_too_long",
+        raise PromptTooLong(
             f"The prompt has {prompt_tokens} tokens; this gateway accepts at most "
             f"{limits.max_prompt_tokens}. Shorten it or split the work.",
             param=param,
@@ -92,9 +75,7 @@ def decide_output_budget(
         max_tokens = limits.default_max_tokens
     elif requested > limits.max_output_tokens:
         if limits.on_max_tokens_over == "reject":
-            raise GatewayError(
-                400,
-                "max_tokens_too_large",
+            raise MaxTokensTooLarge(
                 f"'{param}' is {requested}; this gateway allows at most {limits.max_output_tokens}.",
                 param=param,
             )
@@ -106,9 +87,7 @@ def decide_output_budget(
         longest = prompt_tokens if longest_prompt_tokens is None else longest_prompt_tokens
         room = window - longest
         if room < 1 or (requested is not None and not clamped and max_tokens > room):
-            raise GatewayError(
-                400,
-                "context_length_exceeded",
+            raise ContextLengthExceeded(
                 f"This model's context window is {window} tokens; the prompt has {longest} "
                 f"and {param} asks for {max_tokens}.",
                 param=param,

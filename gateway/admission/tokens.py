@@ -27,7 +27,15 @@ from typing import Any
 
 import tiktoken
 
-from gateway.errors import invalid_request
+from gateway.admission.schema import (
+    MAX_TOKEN_ID,
+    ChatCompletionRequest,
+    ImagePart,
+    RefusalPart,
+    TextPart,
+    parse,
+)
+from gateway.outcomes import InvalidRequest
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -36,11 +44,6 @@ REPLY_PRIMING_TOKENS = 3
 IMAGE_PART_TOKENS = 85
 #: Per tool definition: OpenAI wraps each function in a few template tokens.
 TOKENS_PER_TOOL = 8
-
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-TEXT_PART_TYPES = frozenset({"text", "refusal"})
-FIXED_COST_PART_TYPES = {"image_url": IMAGE_PART_TOKENS, "input_audio": 0, "file": 0}
-MAX_TOKEN_ID = 2**31 - 1
 
 
 class EncodingUnavailable(RuntimeError):
@@ -95,93 +98,47 @@ class PromptSize:
 
 
 def chat_prompt_parts(messages: Any, tools: Any = None) -> PromptParts:
-    """Collect what a chat request's prompt is made of, validating its shape."""
-    if not isinstance(messages, list) or not messages:
-        raise invalid_request("'messages' must be a non-empty array of message objects", "messages")
+    """The prompt parts of raw `messages` and `tools`, validated as a chat body would be."""
+    return chat_parts(parse({"messages": messages, "tools": tools}, ChatCompletionRequest))
+
+
+def chat_parts(request: ChatCompletionRequest) -> PromptParts:
+    """Collect what a (validated) chat request's prompt is made of."""
     parts = PromptParts(fixed_tokens=REPLY_PRIMING_TOKENS)
-    for index, message in enumerate(messages):
-        param = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise invalid_request(f"{param} must be an object", param)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in CHAT_ROLES:
-            raise invalid_request(
-                f"{param}.role must be one of {', '.join(sorted(CHAT_ROLES))}", f"{param}.role"
-            )
+    texts = parts.texts
+    for message in request.messages:
         parts.fixed_tokens += TOKENS_PER_MESSAGE
-        parts.texts.append(role)
-        _add_content(parts, message.get("content"), f"{param}.content")
-        name = message.get("name")
-        if name is not None:
-            if not isinstance(name, str):
-                raise invalid_request(f"{param}.name must be a string", f"{param}.name")
-            parts.texts.append(name)
+        texts.append(message.role)
+        content = message.content
+        if isinstance(content, str):
+            texts.append(content)
+        elif content is not None:
+            for part in content:
+                if isinstance(part, TextPart):
+                    texts.append(part.text)
+                elif isinstance(part, RefusalPart):
+                    texts.append(part.refusal)
+                elif isinstance(part, ImagePart):
+                    parts.fixed_tokens += IMAGE_PART_TOKENS
+        if message.name is not None:
+            texts.append(message.name)
             parts.fixed_tokens += TOKENS_PER_NAME
-        _add_tool_calls(parts, message.get("tool_calls"), f"{param}.tool_calls")
-        tool_call_id = message.get("tool_call_id")
-        if isinstance(tool_call_id, str):
-            parts.texts.append(tool_call_id)
-    _add_tools(parts, tools)
-    return parts
-
-
-def _add_content(parts: PromptParts, content: Any, param: str) -> None:
-    if content is None:
-        return
-    if isinstance(content, str):
-        parts.texts.append(content)
-        return
-    if not isinstance(content, list):
-        raise invalid_request(f"{param} must be a string or an array of content parts", param)
-    for index, part in enumerate(content):
-        part_param = f"{param}[{index}]"
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise invalid_request(f"{part_param} must be an object with a 'type'", part_param)
-        part_type = part["type"]
-        if part_type in TEXT_PART_TYPES:
-            text = part.get(part_type)
-            if not isinstance(text, str):
-                raise invalid_request(f"{part_param}.{part_type} must be a string", part_param)
-            parts.texts.append(text)
-        elif part_type in FIXED_COST_PART_TYPES:
-            parts.fixed_tokens += FIXED_COST_PART_TYPES[part_type]
-        else:
-            raise invalid_request(
-                f"{part_param}.type must be one of text, refusal, image_url, input_audio, file",
-                f"{part_param}.type",
-            )
-
-
-def _add_tool_calls(parts: PromptParts, tool_calls: Any, param: str) -> None:
-    if tool_calls is None:
-        return
-    if not isinstance(tool_calls, list):
-        raise invalid_request(f"{param} must be an array", param)
-    for index, call in enumerate(tool_calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise invalid_request(f"{param}[{index}].function must be an object", param)
-        for key in ("name", "arguments"):
-            value = function.get(key)
-            if isinstance(value, str):
-                parts.texts.append(value)
-        parts.fixed_tokens += TOKENS_PER_MESSAGE
-
-
-def _add_tools(parts: PromptParts, tools: Any) -> None:
-    if tools is None:
-        return
-    if not isinstance(tools, list):
-        raise invalid_request("'tools' must be an array", "tools")
-    for tool in tools:
-        if not isinstance(tool, dict):
-            raise invalid_request("each entry of 'tools' must be an object", "tools")
+        for call in message.tool_calls or ():
+            for key in ("name", "arguments"):
+                value = call.function.get(key)
+                if isinstance(value, str):
+                    texts.append(value)
+            parts.fixed_tokens += TOKENS_PER_MESSAGE
+        if isinstance(message.tool_call_id, str):
+            texts.append(message.tool_call_id)
+    for tool in request.tools or ():
         # The model sees the definition rendered into its prompt; its JSON is a close proxy.
         try:
-            parts.texts.append(json.dumps(tool.get("function", tool), separators=(",", ":")))
-        except (ValueError, RecursionError):
-            raise invalid_request("a 'tools' entry cannot be read", "tools") from None
+            texts.append(json.dumps(tool.get("function", tool), separators=(",", ":")))
+        except RecursionError:
+            raise InvalidRequest("a 'tools' entry cannot be read", param="tools") from None
         parts.fixed_tokens += TOKENS_PER_TOOL
+    return parts
 
 
 def completion_prompt_parts(prompt: Any) -> PromptParts:
@@ -189,8 +146,9 @@ def completion_prompt_parts(prompt: Any) -> PromptParts:
     if isinstance(prompt, str):
         return PromptParts(texts=[prompt])
     if not isinstance(prompt, list) or not prompt:
-        raise invalid_request(
-            "'prompt' must be a string, an array of strings, or an array of token ids", "prompt"
+        raise InvalidRequest(
+            "'prompt' must be a string, an array of strings, or an array of token ids",
+            param="prompt",
         )
     if all(isinstance(p, str) for p in prompt):
         return PromptParts(texts=list(prompt), prompt_count=len(prompt), texts_are_prompts=True)
@@ -202,8 +160,8 @@ def completion_prompt_parts(prompt: Any) -> PromptParts:
             prompt_count=len(prompt),
             longest_fixed=max(len(p) for p in prompt),
         )
-    raise invalid_request(
-        "'prompt' must be a string, an array of strings, or an array of token ids", "prompt"
+    raise InvalidRequest(
+        "'prompt' must be a string, an array of strings, or an array of token ids", param="prompt"
     )
 
 

@@ -1,47 +1,98 @@
-"""Render refusals in the OpenAI error envelope, as a response or as a final SSE event."""
+"""The one map from refusals to HTTP: status, OpenAI error `type`, envelope, SSE error event.
+
+Only this module knows which status a refusal gets. The README's error table
+and the OpenAPI document are checked against (or built from) `ERRORS`.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
+from typing import Any, NamedTuple
 
+import msgspec
 from aiohttp import web
 
-from gateway.errors import GatewayError
+from gateway.outcomes import Refusal
 
 
-def envelope(error: GatewayError) -> dict[str, dict[str, str | None]]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.error_type,
-            "param": error.param,
-            "code": error.code,
-        }
-    }
+class ErrorKind(NamedTuple):
+    status: int
+    type: str
+    #: When the gateway answers with it (the README's and the OpenAPI document's words).
+    situation: str
 
 
-def error_response(error: GatewayError, headers: Mapping[str, str] | None = None) -> web.Response:
+_INVALID = "invalid_request_error"
+_SERVER = "server_error"
+_UNAVAILABLE = "service_unavailable"
+
+#: Every `code` the gateway itself answers with: its status, OpenAI `type` and situation.
+ERRORS: dict[str, ErrorKind] = {
+    "invalid_request": ErrorKind(
+        400, _INVALID, "malformed JSON (or not UTF-8), wrong types, missing `messages`"
+    ),
+    "invalid_lane": ErrorKind(400, _INVALID, "`X-Gateway-Lane` names no lane"),
+    "max_tokens_too_large": ErrorKind(400, _INVALID, "max_tokens over the cap in reject mode"),
+    "context_length_exceeded": ErrorKind(
+        400, _INVALID, "prompt + max_tokens over the model's context"
+    ),
+    "invalid_api_key": ErrorKind(
+        401, _INVALID, "missing or wrong API key (when keys are configured)"
+    ),
+    "lane_not_allowed": ErrorKind(
+        403, "permission_error", "the key may not use the request's lane"
+    ),
+    "not_found": ErrorKind(404, _INVALID, "no such route"),
+    "method_not_allowed": ErrorKind(405, _INVALID, "another method on this path"),
+    "request_timeout": ErrorKind(408, _INVALID, "the body did not arrive within `read_timeout_s`"),
+    "prompt_too_long": ErrorKind(413, _INVALID, "prompt over the token cap, or no lane admits it"),
+    "body_too_large": ErrorKind(413, _INVALID, "body over the byte limit"),
+    "unsupported_media_type": ErrorKind(
+        415, _INVALID, "a body declared as non-JSON, or compressed"
+    ),
+    "queue_full": ErrorKind(429, "rate_limit_error", "the lane's queue is full"),
+    "wait_too_long": ErrorKind(
+        429, "rate_limit_error", "the predicted wait is over the lane's deadline"
+    ),
+    "internal_error": ErrorKind(500, _SERVER, "a gateway bug (its log has the traceback)"),
+    "backend_error": ErrorKind(502, _SERVER, "backend unreachable / broke before the first byte"),
+    "queue_timeout": ErrorKind(503, _UNAVAILABLE, "waited in queue past the lane's timeout"),
+    "no_backend": ErrorKind(503, _UNAVAILABLE, "no healthy backend for the lane"),
+    "shutting_down": ErrorKind(503, _UNAVAILABLE, "the gateway is shutting down (SIGTERM)"),
+    "backend_timeout": ErrorKind(504, _SERVER, "backend sent no first byte in time"),
+}
+#: Codes whose answers carry `Retry-After`.
+RETRY_AFTER_CODES = frozenset(
+    {"queue_full", "wait_too_long", "queue_timeout", "no_backend", "shutting_down"}
+)
+
+_encode = msgspec.json.Encoder().encode
+
+
+def status_of(refusal: Refusal) -> int:
+    return ERRORS[refusal.code].status
+
+
+def error_body(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    """The inside of the envelope: `{"message", "type", "param", "code"}`."""
+    return {"message": message, "type": ERRORS[code].type, "param": param, "code": code}
+
+
+def refusal_body(refusal: Refusal) -> dict[str, Any]:
+    return error_body(refusal.code, refusal.message, refusal.param)
+
+
+def error_response(
+    refusal: Refusal, headers: Mapping[str, str] | None = None, *, status: int | None = None
+) -> web.Response:
+    """The refusal as an HTTP answer; `status` only for aiohttp's own errors (431, ...)."""
     all_headers = dict(headers or {})
-    if error.retry_after_s is not None:
-        all_headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    if refusal.retry_after_s is not None:
+        all_headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after_s)))
     return web.Response(
-        status=error.status,
-        body=json.dumps(envelope(error)).encode(),
+        status=status or status_of(refusal),
+        body=_encode({"error": refusal_body(refusal)}),
         content_type="application/json",
         headers=all_headers,
     )
-
-
-def error_event(error: GatewayError, stream_format: str = "openai") -> bytes:
-    """The last event of a stream that failed after it had started.
-
-    TGI clients (huggingface_hub) read a TGI stream's error as a string with an
-    `error_type`, so TGI streams get TGI's shape; OpenAI streams the envelope.
-    """
-    if stream_format == "tgi":
-        payload: object = {"error": error.message, "error_type": error.code}
-    else:
-        payload = envelope(error)
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.errors import GatewayError
 from gateway.http.errors import error_response
+from gateway.outcomes import InternalError, InvalidRequest, Refusal
 from gateway.state import GATEWAY
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -24,6 +24,16 @@ CODES = {
 }
 
 
+class _HttpError(Refusal):
+    """aiohttp's own refusals (no route, wrong method, ...), in the same envelope."""
+
+    outcome = InvalidRequest.outcome
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # type: ignore[misc]
+
+
 @web.middleware
 async def error_envelope(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -34,11 +44,9 @@ async def error_envelope(request: web.Request, handler: Handler) -> web.StreamRe
         code = CODES.get(exc.status, "invalid_request" if exc.status < 500 else "internal_error")
         message = exc.reason if exc.status != 404 else f"No route {request.method} {request.path}."
         headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return error_response(GatewayError(exc.status, code, message), headers)
+        return error_response(_HttpError(code, message), headers, status=exc.status)
     except Exception:
         request.app[GATEWAY].events.exception(
             "unhandled_error", method=request.method, path=request.path
         )
-        return error_response(
-            GatewayError(500, "internal_error", "The gateway failed on this request; see its log.")
-        )
+        return error_response(InternalError("The gateway failed on this request; see its log."))

@@ -1,4 +1,4 @@
-"""The gateway's own OpenAPI 3.0 document, served at GET /openapi.json.
+"""The gateway's own OpenAPI 3.1 document, served at GET /openapi.json.
 
 It describes what the *gateway* checks before a request takes a place in a queue
 (admission: types, roles, content parts, positive output caps, `n` up to the
@@ -9,27 +9,32 @@ schema-driven fuzzer (schemathesis) hold the gateway to it: whatever violates
 this document must be refused by the gateway itself with a 4xx in the OpenAI
 error envelope, and nothing valid may ever earn a 5xx from the gateway.
 
-The document is built from the settings in force, so `n`'s maximum and the body
-size limit are the ones this gateway enforces.
+The request schemas are generated from the very types admission validates
+with (`admission/schema.py`), and the error responses from the one error
+table (`http/errors.py`), so neither can drift from the code. The document is
+built once per app, from the settings in force (`n`'s maximum, the body limit).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import json
+from collections import defaultdict
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
-from gateway.admission.tokens import CHAT_ROLES, MAX_TOKEN_ID
+from gateway.admission.schema import REQUEST_TYPES
 from gateway.config import Settings
-from gateway.state import GATEWAY
+from gateway.http.errors import ERRORS, RETRY_AFTER_CODES
 
-OPENAPI_VERSION = "3.0.3"
+OPENAPI_VERSION = "3.1.0"
 JSON = "application/json"
 SSE = "text/event-stream"
 
 Schema = dict[str, Any]
+
+OPENAPI_BYTES: web.AppKey[bytes] = web.AppKey("openapi", bytes)
 
 
 def _ref(name: str) -> Schema:
@@ -40,43 +45,24 @@ def _response_ref(name: str) -> Schema:
     return {"$ref": f"#/components/responses/{name}"}
 
 
-def _positive_int(description: str, maximum: int | None = None) -> Schema:
-    schema: Schema = {"type": "integer", "minimum": 1, "nullable": True, "description": description}
-    if maximum is not None:
-        schema["maximum"] = maximum
-    return schema
-
-
-def _error_response(description: str, *, retry_after: bool = False) -> Schema:
-    response: Schema = {
-        "description": description,
-        "content": {JSON: {"schema": _ref("ErrorEnvelope")}},
-    }
-    if retry_after:
-        response["headers"] = {"Retry-After": {"$ref": "#/components/headers/Retry-After"}}
-    return response
+def _request_schemas(settings: Settings) -> dict[str, Schema]:
+    """The admission types as JSON Schema, with this gateway's `max_n` filled in."""
+    _, components = msgspec.json.schema_components(
+        REQUEST_TYPES, ref_template="#/components/schemas/{name}"
+    )
+    for schema in components.values():
+        for name, field in schema.get("properties", {}).items():
+            if name in ("n", "best_of"):
+                for option in field.get("anyOf", [field]):
+                    if option.get("type") == "integer":
+                        option["maximum"] = settings.limits.max_n
+    return components
 
 
 def _schemas(settings: Settings) -> dict[str, Schema]:
-    max_n = settings.limits.max_n
-    token_id: Schema = {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}
-    nullable_string: Schema = {"type": "string", "nullable": True}
-    common_openai: dict[str, Schema] = {
-        "model": {**nullable_string, "description": "A string, passed to the backend as is."},
-        "stream": {
-            "type": "boolean",
-            "nullable": True,
-            "description": "true: Server-Sent Events, relayed byte for byte.",
-        },
-        "stream_options": {
-            "type": "object",
-            "nullable": True,
-            "description": "Passed through; the gateway adds include_usage=true towards the "
-            "backend and strips the usage chunk again unless the client asked for it.",
-        },
-        "n": _positive_int(f"Choices per prompt; at most {max_n} (limits.max_n).", max_n),
-    }
+    nullable_string: Schema = {"type": ["string", "null"]}
     return {
+        **_request_schemas(settings),
         "ErrorBody": {
             "type": "object",
             "required": ["message", "type", "param", "code"],
@@ -99,128 +85,6 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "required": ["error"],
             "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
         },
-        "TextPart": {
-            "type": "object",
-            "required": ["type", "text"],
-            "properties": {
-                "type": {"type": "string", "enum": ["text"]},
-                "text": {"type": "string"},
-            },
-        },
-        "RefusalPart": {
-            "type": "object",
-            "required": ["type", "refusal"],
-            "properties": {
-                "type": {"type": "string", "enum": ["refusal"]},
-                "refusal": {"type": "string"},
-            },
-        },
-        "MediaPart": {
-            "type": "object",
-            "description": "Counted at a fixed cost (an image 85 tokens); the payload is not read.",
-            "required": ["type"],
-            "properties": {
-                "type": {"type": "string", "enum": ["image_url", "input_audio", "file"]}
-            },
-        },
-        "ContentPart": {
-            "anyOf": [_ref("TextPart"), _ref("RefusalPart"), _ref("MediaPart")],
-        },
-        "ToolCall": {
-            "type": "object",
-            "required": ["function"],
-            "properties": {
-                "function": {
-                    "type": "object",
-                    "description": "String `name` and `arguments` are counted; others ignored.",
-                }
-            },
-        },
-        "ChatMessage": {
-            "type": "object",
-            "required": ["role"],
-            "properties": {
-                "role": {"type": "string", "enum": sorted(CHAT_ROLES)},
-                "content": {
-                    "anyOf": [
-                        {"type": "string", "nullable": True},
-                        {"type": "array", "items": _ref("ContentPart")},
-                    ],
-                },
-                "name": nullable_string,
-                "tool_calls": {"type": "array", "nullable": True, "items": _ref("ToolCall")},
-            },
-        },
-        "ChatCompletionRequest": {
-            "type": "object",
-            "required": ["messages"],
-            "properties": {
-                **common_openai,
-                "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
-                "tools": {
-                    "type": "array",
-                    "nullable": True,
-                    "items": {"type": "object"},
-                    "description": "Counted as their JSON towards the prompt.",
-                },
-                "max_tokens": _positive_int(
-                    "Output cap per choice; defaulted when absent, clamped (or refused) over "
-                    "limits.max_output_tokens."
-                ),
-                "max_completion_tokens": _positive_int(
-                    "Same as max_tokens; with both set the smaller one counts."
-                ),
-            },
-        },
-        "CompletionRequest": {
-            "type": "object",
-            "required": ["prompt"],
-            "properties": {
-                **common_openai,
-                "prompt": {
-                    "anyOf": [
-                        {"type": "string"},
-                        {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                        {"type": "array", "minItems": 1, "items": token_id},
-                        {
-                            "type": "array",
-                            "minItems": 1,
-                            "items": {"type": "array", "minItems": 1, "items": token_id},
-                        },
-                    ],
-                    "description": "A string, strings, token ids, or arrays of token ids.",
-                },
-                "max_tokens": _positive_int(
-                    "Output cap per choice and prompt; defaulted when absent, clamped (or "
-                    "refused) over limits.max_output_tokens."
-                ),
-            },
-        },
-        "TgiParameters": {
-            "type": "object",
-            "nullable": True,
-            "description": "Passed to the backend with max_new_tokens set to the cap in force.",
-            "properties": {
-                "max_new_tokens": _positive_int(
-                    "Output cap, defaulted and capped like max_tokens."
-                ),
-                "best_of": _positive_int(f"At most {max_n} (limits.max_n).", max_n),
-            },
-        },
-        "TgiGenerateRequest": {
-            "type": "object",
-            "required": ["inputs"],
-            "properties": {"inputs": {"type": "string"}, "parameters": _ref("TgiParameters")},
-        },
-        "TgiCompatRequest": {
-            "type": "object",
-            "required": ["inputs"],
-            "properties": {
-                "inputs": {"type": "string"},
-                "parameters": _ref("TgiParameters"),
-                "stream": {"type": "boolean"},
-            },
-        },
         "ChatCompletion": {
             "type": "object",
             "description": "The backend's answer, passed through.",
@@ -230,7 +94,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "object": {"type": "string"},
                 "model": {"type": "string"},
                 "choices": {"type": "array", "items": {"type": "object"}},
-                "usage": {"type": "object", "nullable": True},
+                "usage": {"type": ["object", "null"]},
             },
         },
         "ModelList": {
@@ -247,7 +111,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "required": ["generated_text"],
             "properties": {
                 "generated_text": {"type": "string"},
-                "details": {"type": "object", "nullable": True},
+                "details": {"type": ["object", "null"]},
             },
         },
         "SseEvent": {
@@ -308,6 +172,13 @@ _GATEWAY_HEADERS: dict[str, Schema] = {
 }
 
 
+def _error_statuses() -> dict[int, list[str]]:
+    codes: dict[int, list[str]] = defaultdict(list)
+    for code, kind in ERRORS.items():
+        codes[kind.status].append(code)
+    return dict(sorted(codes.items()))
+
+
 def _generation_responses(ok_content: dict[str, Schema], *, tgi: bool = False) -> dict[str, Schema]:
     responses: dict[str, Schema] = {
         "200": {
@@ -316,18 +187,9 @@ def _generation_responses(ok_content: dict[str, Schema], *, tgi: bool = False) -
             "headers": _GATEWAY_HEADERS,
             "content": ok_content,
         },
-        "400": _response_ref("BadRequest"),
-        "401": _response_ref("Unauthorized"),
-        "403": _response_ref("Forbidden"),
-        "404": _response_ref("NotFound"),
-        "405": _response_ref("MethodNotAllowed"),
-        "413": _response_ref("TooLarge"),
-        "415": _response_ref("UnsupportedMediaType"),
-        "429": _response_ref("TooManyRequests"),
-        "502": _response_ref("BadGateway"),
-        "503": _response_ref("Unavailable"),
-        "504": _response_ref("GatewayTimeout"),
     }
+    for status in _error_statuses():
+        responses[str(status)] = _response_ref(f"Error{status}")
     if tgi:
         responses["422"] = {
             "description": "The TGI backend refused the parameters (passed through).",
@@ -344,55 +206,24 @@ def _generation_responses(ok_content: dict[str, Schema], *, tgi: bool = False) -
 
 
 def _components_responses() -> dict[str, Schema]:
-    return {
-        "BadRequest": _error_response(
-            "Malformed JSON, a body that is not an object, wrong types, missing `messages`/"
-            "`prompt`/`inputs`, an unknown role or content part type, `n` over limits.max_n "
-            "(`invalid_request`); max_tokens over the cap in reject mode "
-            "(`max_tokens_too_large`); prompt + max_tokens over the context window "
-            "(`context_length_exceeded`). A backend's 400 is passed through unchanged."
-        ),
-        "Unauthorized": _error_response(
-            "API keys are configured and the request has none or a wrong one (`invalid_api_key`)."
-        ),
-        "Forbidden": _error_response(
-            "The request belongs to a lane this API key may not use (`lane_not_allowed`)."
-        ),
-        "NotFound": _error_response(
-            "No such route (`not_found`); on generation routes, a backend's 404 (such as an "
-            "unknown model) passed through."
-        ),
-        "MethodNotAllowed": {
-            **_error_response("Another method on this path (`method_not_allowed`)."),
-            "headers": {"Allow": {"schema": {"type": "string"}}},
-        },
-        "TooLarge": _error_response(
-            "The prompt is over limits.max_prompt_tokens or no lane admits it "
-            "(`prompt_too_long`), or the body is over server.max_body_bytes "
-            "(`body_too_large`)."
-        ),
-        "UnsupportedMediaType": _error_response(
-            "The body is declared as something other than JSON (`unsupported_media_type`)."
-        ),
-        "TooManyRequests": _error_response(
-            "The lane's queue is full (`queue_full`) or the predicted wait is over its "
-            "deadline (`wait_too_long`). Retry after `Retry-After` seconds.",
-            retry_after=True,
-        ),
-        "BadGateway": _error_response(
-            "The backend was unreachable or broke before the first byte (`backend_error`)."
-        ),
-        "Unavailable": _error_response(
-            "Waited in the lane's queue past its timeout (`queue_timeout`), no healthy "
-            "backend (`no_backend`), or the gateway is shutting down (`shutting_down`). "
-            "Retry after `Retry-After` seconds. (A backend's own 503, passed through after "
-            "the retry on another backend also failed, carries the backend's body.)",
-            retry_after=True,
-        ),
-        "GatewayTimeout": _error_response(
-            "The backend sent no first byte in time (`backend_timeout`)."
-        ),
-    }
+    """One response per status, its description made from the error table's situations."""
+    responses: dict[str, Schema] = {}
+    for status, codes in _error_statuses().items():
+        lines = "; ".join(f"{ERRORS[code].situation} (`{code}`)" for code in codes)
+        response: Schema = {
+            "description": lines[0].upper() + lines[1:] + ". A backend's own answer with this "
+            "status is passed through with its body.",
+            "content": {JSON: {"schema": _ref("ErrorEnvelope")}},
+        }
+        headers: Schema = {}
+        if any(code in RETRY_AFTER_CODES for code in codes):
+            headers["Retry-After"] = {"$ref": "#/components/headers/Retry-After"}
+        if status == 405:
+            headers["Allow"] = {"schema": {"type": "string"}}
+        if headers:
+            response["headers"] = headers
+        responses[f"Error{status}"] = response
+    return responses
 
 
 def _request_body(schema_name: str, description: str) -> Schema:
@@ -459,9 +290,9 @@ def _pass_through_get(operation_id: str, summary: str, schema_name: str) -> Sche
                     "backend has no /info); its answer is passed through.",
                     "content": {JSON: {"schema": {}}},
                 },
-                "502": _response_ref("BadGateway"),
-                "503": _error_response("No healthy backend (`no_backend`)."),
-                "504": _response_ref("GatewayTimeout"),
+                "502": _response_ref("Error502"),
+                "503": _response_ref("Error503"),
+                "504": _response_ref("Error504"),
             },
         }
     }
@@ -593,7 +424,7 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
     }
     # Parts are shared between operations and with module constants: a JSON round trip
     # gives every caller a tree of its own (and proves the document is plain JSON).
-    result: dict[str, Any] = json.loads(json.dumps(document))
+    result: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(document))
     return result
 
 
@@ -605,5 +436,11 @@ def _package_version() -> str:
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    """GET /openapi.json: the document for this gateway's settings."""
-    return web.json_response(openapi_document(request.app[GATEWAY].settings))
+    """GET /openapi.json: the document for this gateway's settings, built at start-up."""
+    return web.Response(body=request.app[OPENAPI_BYTES], content_type=JSON)
+
+
+def install(app: web.Application, settings: Settings) -> None:
+    """Build the document once and serve it at /openapi.json."""
+    app[OPENAPI_BYTES] = msgspec.json.encode(openapi_document(settings))
+    app.router.add_get("/openapi.json", openapi_json)

@@ -1,57 +1,54 @@
-"""The path every generation request takes: parse, admit, queue, relay, record.
+"""The path every generation request takes: read, admit, queue, dispatch, record.
 
-One function for all API dialects (OpenAI chat and completions, TGI): they
-differ only in how the body is measured and shaped, which admission knows,
-and in the stream format, which the relay knows. No policy lives here.
+One handler for all API dialects (OpenAI chat and completions, TGI): a route
+is a backend path and a `Dialect`, which knows how its bodies are measured and
+shaped. The handler only wires the stages together and turns refusals into
+answers; policy lives in admission (caps, lanes, rights), scheduling (queues,
+slots) and upstream (retry, health).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
-from gateway.admission.admit import TGI, Admission, RequestShape, admit
-from gateway.admission.auth import check_lane_allowed, lane_override
-from gateway.admission.tokens import TokenCounter
-from gateway.config import Settings
-from gateway.errors import GatewayError, invalid_request
-from gateway.http.errors import error_response
-from gateway.observability.record import RequestRecord
+from gateway.admission.admit import Admission, RequestShape, admit
+from gateway.dialects.base import Dialect
+from gateway.http.errors import error_response, refusal_body, status_of
+from gateway.observability.record import RequestRecord, clock
+from gateway.outcomes import (
+    BodyTooLarge,
+    InvalidRequest,
+    Outcome,
+    Refusal,
+    RequestTimeout,
+    ShuttingDown,
+    UnsupportedMediaType,
+)
 from gateway.scheduling.scheduler import Grant
 from gateway.state import GATEWAY, GatewayState
+from gateway.upstream.dispatch import dispatch
 from gateway.upstream.pool import Backend
-from gateway.upstream.relay import STREAM_ERROR_CODE, BackendFailure, RelayPlan, relay
+from gateway.upstream.relay import RelayPlan
 
 MAX_REQUEST_ID_LENGTH = 128
-#: A request that failed before its first byte is retried once, on another backend.
-MAX_ATTEMPTS = 2
 
-#: Validates and counts a body: `measure(body, settings, counter)`.
-Measure = Callable[[dict[str, Any], Settings, TokenCounter], Awaitable[RequestShape]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One generation route of the gateway and where it goes on the backend."""
-
-    backend_path: str
-    measure: Measure
+_decode_json = msgspec.json.Decoder().decode
+_encode_json = msgspec.json.Encoder().encode
 
 
-def route_handler(backend_path: str, measure: Measure) -> Handler:
-    """An aiohttp handler sending requests measured by `measure` to `backend_path`."""
-    route = Route(backend_path, measure)
+def route_handler(dialect: Dialect) -> Handler:
+    """An aiohttp handler for requests of `dialect`."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await proxy(request, request.app[GATEWAY], route)
+        return await proxy(request, request.app[GATEWAY], dialect)
 
     return handle
 
@@ -66,24 +63,19 @@ def request_id_of(request: web.Request) -> str:
 
 async def read_json_object(
     request: web.Request, max_bytes: int, read_timeout_s: float = 30.0
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The body as a JSON object; 413 before reading when it is too big, 400 when not JSON.
 
     A body declared as something other than JSON gets 415; no Content-Type at all
-    is read as JSON (some minimal clients send none).
+    is read as JSON (some minimal clients send none). The decoder is strict UTF-8
+    (CESU-8 surrogates and lone `\\ud800` escapes are refused) and refuses NaN.
     """
     content_type = request.headers.get("Content-Type")
     if content_type is not None and not _is_json_type(request.content_type):
-        raise GatewayError(
-            415,
-            "unsupported_media_type",
-            "Send the body as JSON with 'Content-Type: application/json'.",
-        )
+        raise UnsupportedMediaType("Send the body as JSON with 'Content-Type: application/json'.")
     if request.headers.get("Content-Encoding", "identity").lower() != "identity":
-        raise GatewayError(
-            415,
-            "unsupported_media_type",
-            "Compressed request bodies are not accepted; send the JSON as is.",
+        raise UnsupportedMediaType(
+            "Compressed request bodies are not accepted; send the JSON as is."
         )
     length = request.content_length
     if length is not None and length > max_bytes:
@@ -94,18 +86,17 @@ async def read_json_object(
     except web.HTTPRequestEntityTooLarge:
         raise body_too_large(max_bytes) from None
     except TimeoutError:
-        raise GatewayError(
-            408, "request_timeout", f"The request body did not arrive within {read_timeout_s:g} s."
+        raise RequestTimeout(
+            f"The request body did not arrive within {read_timeout_s:g} s."
         ) from None
     except aiohttp.ClientError:  # the body broke off or could not be decoded
-        raise invalid_request("The request body could not be read.") from None
+        raise InvalidRequest("The request body could not be read.") from None
     try:
-        # Strict UTF-8 first: json.loads(bytes) would let CESU-8 surrogates through.
-        body = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError):
-        raise invalid_request("The request body is not valid JSON.") from None
+        body = _decode_json(raw)
+    except (msgspec.DecodeError, RecursionError):
+        raise InvalidRequest("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
-        raise invalid_request("The request body must be a JSON object.")
+        raise InvalidRequest("The request body must be a JSON object.")
     return body
 
 
@@ -113,8 +104,32 @@ def _is_json_type(media_type: str) -> bool:
     return media_type == "application/json" or media_type.endswith("+json")
 
 
-def body_too_large(max_bytes: int) -> GatewayError:
-    return GatewayError(413, "body_too_large", f"The request body is over {max_bytes} bytes.")
+def body_too_large(max_bytes: int) -> BodyTooLarge:
+    return BodyTooLarge(f"The request body is over {max_bytes} bytes.")
+
+
+def shutting_down() -> ShuttingDown:
+    return ShuttingDown(
+        "This gateway is shutting down; retry on another instance.", retry_after_s=1
+    )
+
+
+def encode_backend_body(body: dict[str, object]) -> bytes:
+    """Compact UTF-8 JSON: a Chinese prompt goes as its own bytes, not as \\uXXXX escapes.
+
+    Encoded before the request queues, so a body the decoder took but the encoder
+    cannot write (nesting at the parser's limit) is refused without taking a slot.
+    """
+    try:
+        return _encode_json(body)
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply.") from None
+
+
+def with_member(body: bytes, key: str, value: int) -> bytes:
+    """`body` (an encoded JSON object) with one more member, last, so that it wins."""
+    member = _encode_json(key) + b":" + _encode_json(value)
+    return body[:-1] + (b"," if body != b"{}" else b"") + member + b"}"
 
 
 def admission_headers(admission: Admission) -> dict[str, str]:
@@ -133,44 +148,42 @@ def queue_headers(queue_ms: float | None) -> dict[str, str]:
     return {"x-gateway-queue-ms": f"{queue_ms:.1f}", "Server-Timing": f"queue;dur={queue_ms:.1f}"}
 
 
-def backend_request(
-    state: GatewayState,
-    route: Route,
+def relay_plan(
+    backend: Backend,
+    body: bytes,
+    *,
+    dialect: Dialect,
     shape: RequestShape,
-    admission: Admission,
-    grant: Grant,
-    record: RequestRecord,
+    request_id: str,
+    priority: int,
     response_headers: dict[str, str],
+    on_first_byte: Callable[[], None],
 ) -> RelayPlan:
-    """What to send to the backend the grant landed on."""
-    backend: Backend = grant.slot.backend
-    body = admission.backend_body
+    """What to send to `backend` for one attempt (the body was encoded once, before)."""
     if backend.priority_field:
         # vLLM's priority scheduling: lower runs first; the lane's index is its priority.
-        body = {**body, "priority": state.settings.lanes.index(admission.lane)}
+        body = with_member(body, "priority", priority)
     headers = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream" if shape.stream else "application/json",
-        "X-Request-Id": record.request_id,
+        "X-Request-Id": request_id,
     }
     if backend.api_key:
         headers["Authorization"] = f"Bearer {backend.api_key}"
     return RelayPlan(
         backend=backend,
-        path=route.backend_path,
-        body=json.dumps(body).encode(),
+        body=body,
         headers=headers,
-        stream=shape.stream,
-        strip_usage=not shape.client_wants_usage,
-        stream_format="tgi" if shape.kind == TGI else "openai",
+        dialect=dialect,
+        shape=shape,
         response_headers=response_headers,
-        on_first_byte=lambda: state.scheduler.prefill_done(grant),
+        error_event=lambda refusal: dialect.error_event(refusal_body(refusal)),
+        on_first_byte=on_first_byte,
     )
 
 
-async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.StreamResponse:
-    loop = asyncio.get_running_loop()
-    record = RequestRecord(request_id_of(request), request.path, loop.time())
+async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> web.StreamResponse:
+    record = RequestRecord(request_id_of(request), request.path, clock())
     headers = {"x-request-id": record.request_id}
     grant: Grant | None = None
     try:
@@ -181,104 +194,74 @@ async def proxy(request: web.Request, state: GatewayState, route: Route) -> web.
             record.client = client.name
         server = state.settings.server
         body = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
-        shape = await route.measure(body, state.settings, state.counter)
+        shape = await dialect.measure(body, state.settings.limits, state.counter)
         record.model = shape.model
         record.stream = shape.stream
         record.prompt_tokens = shape.prompt_tokens
         record.max_tokens_requested = shape.requested_max_tokens
         headers["x-gateway-prompt-tokens"] = str(shape.prompt_tokens)
         requested_lane = request.headers.get("X-Gateway-Lane")
-        override = lane_override(client, requested_lane, state.settings.lanes)
-        if requested_lane and override is None:
+        admission = admit(shape, state.settings, client, requested_lane)
+        if admission.override_ignored:
             state.events.warning(
                 "lane_override_ignored",
                 request_id=record.request_id,
                 client=record.client,
-                requested=requested_lane[:64],
+                requested=(requested_lane or "")[:64],
             )
-        admission = admit(shape, state.settings, override)
-        check_lane_allowed(client, admission.lane)
         lane = admission.lane.name
         record.lane = lane
         record.max_tokens = admission.budget.max_tokens
         headers.update(admission_headers(admission))
-        if not state.pool.has_available(lane):
-            raise GatewayError(
-                503,
-                "no_backend",
-                f"No healthy backend serves the '{lane}' lane right now.",
-                retry_after_s=state.settings.health.interval_s,
-                outcome="no_backend",
+        state.pool.require_available(lane)
+        backend_body = encode_backend_body(dialect.backend_body(shape, admission.budget))
+        record.enqueued = clock()
+        scheduler, budget = state.scheduler, admission.budget
+        grant = held = await scheduler.acquire(lane, shape.prompt_tokens, budget.total)
+        record.dispatched = clock()
+        headers.update(queue_headers(record.queue_ms))
+        priority = state.settings.lanes.index(admission.lane)
+
+        def plan_for(backend: Backend) -> RelayPlan:
+            return relay_plan(
+                backend,
+                backend_body,
+                dialect=dialect,
+                shape=shape,
+                request_id=record.request_id,
+                priority=priority,
+                response_headers=headers,
+                on_first_byte=lambda: scheduler.prefill_done(held),
             )
 
-        record.enqueued = loop.time()
-        grant = await state.scheduler.acquire(lane, shape.prompt_tokens, admission.budget.total)
-        record.dispatched = loop.time()
+        return await dispatch(
+            request,
+            record,
+            upstream=state.upstream,
+            pool=state.pool,
+            backend=lambda: held.slot.backend,
+            plan_for=plan_for,
+            move_elsewhere=lambda: scheduler.reassign(held, shape.prompt_tokens, budget.total),
+        )
+    except Refusal as refusal:
+        record.status = status_of(refusal)
+        record.outcome = refusal.outcome
+        record.error_code = refusal.code
+        record.end = clock()
         headers.update(queue_headers(record.queue_ms))
-        while True:
-            record.attempts += 1
-            record.backend = grant.slot.backend.name
-            plan = backend_request(state, route, shape, admission, grant, record, headers)
-            try:
-                response = await relay(request, plan, record, state.upstream)
-            except BackendFailure as failure:
-                state.pool.report_failure(plan.backend)
-                retried = record.attempts < MAX_ATTEMPTS and state.scheduler.reassign(
-                    grant, shape.prompt_tokens, admission.budget.total
-                )
-                if retried:
-                    continue
-                if failure.passthrough is None:
-                    raise
-                return failure.passthrough
-            report_outcome(state, plan.backend, record)
-            return response
-    except GatewayError as error:
-        record.status = error.status
-        record.outcome = error.outcome
-        record.error_code = error.code
-        if record.end is None:
-            record.end = loop.time()
-        headers.update(queue_headers(record.queue_ms))
-        if error.outcome == "backend_timeout" and grant is not None:
-            state.pool.report_failure(grant.slot.backend)
-        return error_response(error, headers)
+        return error_response(refusal, headers)
     except asyncio.CancelledError:
-        if record.outcome is None:
-            record.outcome = "client_disconnected"
+        record.outcome = Outcome.CLIENT_DISCONNECTED
         if record.status is None:
             record.status = 499  # nothing was sent: nginx's code for "client closed"
         raise
     except Exception:
-        record.outcome = "internal_error"
+        record.outcome = Outcome.INTERNAL_ERROR
         record.status = 500
         raise
     finally:
         if grant is not None:
             state.scheduler.release(grant)
-        record.end = loop.time()
+        if record.end is None:
+            record.end = clock()
         state.finish(record)
-
-
-def shutting_down() -> GatewayError:
-    return GatewayError(
-        503,
-        "shutting_down",
-        "This gateway is shutting down; retry on another instance.",
-        retry_after_s=1,
-        outcome="rejected_shutting_down",
-    )
-
-
-def report_outcome(state: GatewayState, backend: Backend, record: RequestRecord) -> None:
-    """Passive health: what this request says about its backend.
-
-    An error the backend reported inside a 200 stream (TGI's validation errors,
-    for one) is about the request, not the server: it does not count.
-    """
-    if record.outcome == "backend_timeout" or (
-        record.outcome == "backend_error" and record.error_code != STREAM_ERROR_CODE
-    ):
-        state.pool.report_failure(backend)
-    elif record.outcome in ("ok", "backend_rejected"):
-        state.pool.report_success(backend)

@@ -7,18 +7,16 @@ the same lanes, queues and records; TTFT from the first token event.
 
 from __future__ import annotations
 
-from functools import partial
-
 from aiohttp import web
 
-from gateway.admission.admit import measure_tgi
+from gateway.dialects import TgiDialect
 from gateway.http.openai import pass_through_get
 from gateway.http.proxy import route_handler
 
-generate = route_handler("/generate", partial(measure_tgi, stream=False))
-generate_stream = route_handler("/generate_stream", partial(measure_tgi, stream=True))
+generate = route_handler(TgiDialect("/generate", stream=False))
+generate_stream = route_handler(TgiDialect("/generate_stream", stream=True))
 #: TGI's `/` takes `"stream"` in the body; huggingface_hub's InferenceClient posts here.
-compat = route_handler("/", partial(measure_tgi, stream=None))
+compat = route_handler(TgiDialect("/", stream=None))
 
 
 async def info(request: web.Request) -> web.Response:

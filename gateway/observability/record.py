@@ -2,13 +2,24 @@
 
 Stages only stamp times and facts on it; the log line and the metrics read it
 once, at the end, so every request yields exactly one of each and durations are
-computed one way. Times are the event loop's monotonic clock, in seconds.
+computed one way.
+
+Times are `clock()`, in seconds: `time.perf_counter`, monotonic and
+sub-microsecond. Not the event loop's `loop.time()`: under uvloop that ticks in
+whole milliseconds, which would make every `*_ms` a whole number and a 15 ms
+TTFT wrong by up to 7%.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.outcomes import Outcome
+
+#: The clock of every timestamp on a record (and of the scheduler's estimates).
+clock = time.perf_counter
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -29,7 +40,7 @@ class RequestRecord:
     lane: str | None = None
     backend: str | None = None
     status: int | None = None
-    outcome: str | None = None
+    outcome: Outcome | None = None
     error_code: str | None = None
     prompt_tokens: int | None = None
     max_tokens_requested: int | None = None

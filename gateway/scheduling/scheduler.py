@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.config import LaneSettings
-from gateway.errors import GatewayError
+from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
 HOLD_EWMA_ALPHA = 0.2
@@ -88,15 +89,14 @@ class Scheduler:
         lanes: Sequence[LaneSettings],
         slot_limits: dict[str, int],
         source: SlotSource,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._lanes = [LaneState(lane, slot_limits[lane.name]) for lane in lanes]
         self._by_name = {lane.name: lane for lane in self._lanes}
         self._source = source
-        self._clock = clock
-
-    def _now(self) -> float:
-        return self._clock() if self._clock else asyncio.get_running_loop().time()
+        #: The one clock of every estimate (waits, hold times, promotion ages). Only the
+        #: queue timeout is a loop timer: it must fire, not just be computed.
+        self._now = clock
 
     @property
     def lanes(self) -> list[LaneState]:
@@ -126,7 +126,7 @@ class Scheduler:
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait)))
 
     async def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> Grant:
-        """Wait for a slot in lane `name`; raise GatewayError when refused or timed out.
+        """Wait for a slot in lane `name`; a Refusal when refused or timed out.
 
         Cancelling the caller (client went away) leaves the queue at once.
         """
@@ -136,9 +136,7 @@ class Scheduler:
         if len(lane.queue) >= settings.max_queue_depth and (
             lane.queue or lane.in_flight >= lane.slot_limit
         ):
-            raise GatewayError(
-                429,
-                "queue_full",
+            raise QueueFull(
                 f"The '{name}' lane's queue is full ({settings.max_queue_depth} waiting). "
                 "Retry after the delay in Retry-After.",
                 retry_after_s=self._retry_after(lane),
@@ -146,9 +144,7 @@ class Scheduler:
         if settings.reject_predicted_wait:
             predicted = self.predicted_wait_s(name)
             if predicted is not None and predicted > settings.queue_timeout_s:
-                raise GatewayError(
-                    429,
-                    "wait_too_long",
+                raise WaitTooLong(
                     f"The '{name}' lane would make this request wait about {predicted:.0f} s, "
                     f"over its {settings.queue_timeout_s:g} s limit.",
                     retry_after_s=self._retry_after(lane),
@@ -159,9 +155,7 @@ class Scheduler:
         self._dispatch()
         if waiter.future.done():
             return waiter.future.result()
-        waiter.timer = loop.call_at(
-            loop.time() + settings.queue_timeout_s, self._expire, lane, waiter
-        )
+        waiter.timer = loop.call_later(settings.queue_timeout_s, self._expire, lane, waiter)
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -175,13 +169,10 @@ class Scheduler:
             return
         self._remove(lane, waiter)
         waiter.future.set_exception(
-            GatewayError(
-                503,
-                "queue_timeout",
+            QueueTimeout(
                 f"Waited {lane.settings.queue_timeout_s:g} s in the '{lane.name}' lane's queue "
                 "without getting a backend slot.",
                 retry_after_s=self._retry_after(lane),
-                outcome="queue_timeout",
             )
         )
 
@@ -230,7 +221,7 @@ class Scheduler:
         self._dispatch()
         return True
 
-    def fail_waiting(self, error: GatewayError) -> int:
+    def fail_waiting(self, error: Refusal) -> int:
         """Answer every queued request with `error` (shutdown); returns how many."""
         failed = 0
         for lane in self._lanes:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from gateway.config import BackendSettings, HealthSettings
+from gateway.outcomes import NoBackend, Outcome
 
 
 @dataclass(slots=True, eq=False)
@@ -122,6 +123,14 @@ class BackendPool:
         candidates = self.backends if lane is None else self.backends_of(lane)
         return any(b.available(now) for b in candidates)
 
+    def require_available(self, lane: str) -> None:
+        """NoBackend (retry after the next health check) when nothing serves `lane` now."""
+        if not self.has_available(lane):
+            raise NoBackend(
+                f"No healthy backend serves the '{lane}' lane right now.",
+                retry_after_s=self.health.interval_s,
+            )
+
     def try_take(
         self,
         lane: str,
@@ -171,8 +180,12 @@ class BackendPool:
 
     # -- health ------------------------------------------------------------------------
 
-    def report_success(self, backend: Backend) -> None:
-        backend.consecutive_failures = 0
+    def record_result(self, backend: Backend, outcome: Outcome) -> None:
+        """Passive health: what one request's outcome says about its backend."""
+        if outcome.counts_against_backend:
+            self.report_failure(backend)
+        elif outcome.counts_for_backend:
+            backend.consecutive_failures = 0
 
     def report_failure(self, backend: Backend) -> bool:
         """Count a failure; eject the backend at the threshold. True when it was ejected."""

@@ -10,19 +10,22 @@ connection the moment the client goes away so the engine stops generating.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
 
 from gateway.config import TimeoutSettings
-from gateway.errors import GatewayError
-from gateway.http.errors import error_event
-from gateway.observability.record import RequestRecord
+from gateway.observability.record import RequestRecord, clock
+from gateway.outcomes import BackendError, BackendTimeout, Outcome, Refusal
 from gateway.upstream.pool import Backend
-from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, TgiStreamWatcher
+from gateway.upstream.sse import StreamWatcher
+
+if TYPE_CHECKING:
+    from gateway.admission.admit import RequestShape
+    from gateway.dialects.base import Dialect
 
 #: Error bodies from a backend are passed through; bigger ones are cut here.
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -78,7 +81,7 @@ class UpstreamClient:
     async def post(
         self, backend: Backend, path: str, body: bytes, headers: Mapping[str, str]
     ) -> aiohttp.ClientResponse:
-        """POST and wait for the response headers; GatewayError 502 when unreachable."""
+        """POST and wait for the response headers; BackendFailure when unreachable."""
         url = backend.url + path
         try:
             return await self.pooled.post(url, data=body, headers=headers)
@@ -108,7 +111,7 @@ class UpstreamClient:
             raise _unreachable(backend, exc) from None
 
 
-class BackendFailure(GatewayError):
+class BackendFailure(BackendError):
     """The backend failed before anything reached the client: safe to retry elsewhere.
 
     `passthrough` is the backend's own answer (a 502/503) to give the client
@@ -116,8 +119,7 @@ class BackendFailure(GatewayError):
     """
 
     def __init__(self, message: str, passthrough: web.Response | None = None) -> None:
-        status = passthrough.status if passthrough is not None else 502
-        super().__init__(status, "backend_error", message, outcome="backend_error")
+        super().__init__(message)
         self.passthrough = passthrough
 
 
@@ -181,31 +183,30 @@ class Watchdog:
         return self.expired is not None and self._task.uncancel() == 0
 
 
-def timeout_error(kind: str, timeouts: TimeoutSettings) -> GatewayError:
+def timeout_error(kind: str, timeouts: TimeoutSettings) -> BackendTimeout:
     if kind == "first_byte":
         message = f"The backend sent no first byte within {timeouts.first_token_s:g} s."
     elif kind == "idle":
         message = f"The backend sent nothing for {timeouts.idle_s:g} s in the middle of the stream."
     else:
         message = f"The request took longer than {timeouts.total_s:g} s end to end."
-    return GatewayError(504, "backend_timeout", message, outcome="backend_timeout")
+    return BackendTimeout(message)
 
 
 @dataclass(slots=True)
 class RelayPlan:
-    """What to send and how to answer; built by the handler, read by the relay."""
+    """What to send and how to answer; built per attempt, read by the relay."""
 
     backend: Backend
-    path: str
     body: bytes
     headers: dict[str, str]
-    stream: bool
-    #: Remove the usage-only chunk the gateway asked for but the client did not.
-    strip_usage: bool
-    #: "openai" (chat/completions chunks, [DONE]) or "tgi" (/generate_stream events).
-    stream_format: str
+    #: The request's API: its backend path, how its stream is watched, its usage read.
+    dialect: Dialect
+    shape: RequestShape
     #: Headers the client gets (request id, lane, caps, queue time).
     response_headers: dict[str, str]
+    #: The final SSE event for a refusal after the stream started (rendered by http/).
+    error_event: Callable[[Refusal], bytes]
     #: Called once when the backend's first byte arrives (its prefill is over).
     on_first_byte: Callable[[], None] | None = None
 
@@ -219,12 +220,15 @@ async def relay(
     """Run the request on the backend and answer the client; fills `record`."""
     timeouts = upstream.timeouts
     loop = asyncio.get_running_loop()
-    first_byte_s = timeouts.first_token_s if plan.stream else timeouts.total_s
+    stream = plan.shape.stream
+    first_byte_s = timeouts.first_token_s if stream else timeouts.total_s
     watchdog = Watchdog(first_byte_s, timeouts.idle_s, record.arrival + timeouts.total_s)
     backend_response: aiohttp.ClientResponse | None = None
     client_response: web.StreamResponse | None = None
     try:
-        backend_response = await upstream.post(plan.backend, plan.path, plan.body, plan.headers)
+        backend_response = await upstream.post(
+            plan.backend, plan.dialect.backend_path, plan.body, plan.headers
+        )
         content_type = backend_response.headers.get("Content-Type", "")
         if backend_response.status >= 300 or not content_type.startswith("text/event-stream"):
             return await _relay_body(backend_response, plan, record)
@@ -236,16 +240,13 @@ async def relay(
         )
     except asyncio.CancelledError:
         if not watchdog.timed_out():
-            record.outcome = "client_disconnected"
-            if record.status is None:
-                record.status = 499  # nothing was sent: nginx's code for "client closed"
             raise
         error = timeout_error(watchdog.expired or "total", timeouts)
         if client_response is None or not client_response.prepared:
             raise error from None
         record.outcome = error.outcome
         record.error_code = error.code
-        await _end_with_error(client_response, error, plan.stream_format)
+        await _end_with_error(client_response, plan.error_event(error))
         return client_response
     finally:
         watchdog.stop()
@@ -267,20 +268,20 @@ async def _relay_body(
             body = await backend_response.read()
     except aiohttp.ClientError as exc:  # cut short: nothing reached the client yet
         raise _unreachable(plan.backend, exc) from None
-    now = asyncio.get_running_loop().time()
-    record.first_byte = now
+    record.first_byte = clock()
     record.status = status
     headers = dict(plan.response_headers)
     headers["Content-Type"] = backend_response.headers.get("Content-Type", "application/json")
     if "Retry-After" in backend_response.headers:  # a backend's 429/503 says when to come back
         headers["Retry-After"] = backend_response.headers["Retry-After"]
-    response = web.Response(status=status, body=body, headers=headers)
     if status < 300:
-        record.outcome = "ok"
-        record.completion_tokens = _completion_tokens(body, plan.stream_format)
+        record.outcome = Outcome.OK
+        record.completion_tokens = plan.dialect.completion_tokens(body)
+        body = plan.dialect.client_body(plan.shape, body)
     else:
-        record.outcome = "backend_error" if status >= 500 else "backend_rejected"
+        record.outcome = Outcome.BACKEND_ERROR if status >= 500 else Outcome.BACKEND_REJECTED
         record.error_code = f"backend_{status}"
+    response = web.Response(status=status, body=body, headers=headers)
     if status in RETRYABLE_STATUSES:
         raise BackendFailure(f"Backend {plan.backend.name} answered {status}.", response)
     return response
@@ -299,21 +300,6 @@ async def _read_capped(content: aiohttp.StreamReader, cap: int) -> bytes:
             kept += len(parts[-1])
 
 
-def _completion_tokens(body: bytes, stream_format: str) -> int | None:
-    """From an OpenAI body's `usage`, or a TGI body's `details.generated_tokens`."""
-    outer, key = (
-        ("details", "generated_tokens")
-        if stream_format == "tgi"
-        else ("usage", "completion_tokens")
-    )
-    try:
-        section = json.loads(body).get(outer)
-        tokens = section.get(key) if isinstance(section, dict) else None
-    except (ValueError, AttributeError):
-        return None
-    return tokens if type(tokens) is int else None
-
-
 async def _relay_stream(
     request: web.Request,
     backend_response: aiohttp.ClientResponse,
@@ -323,11 +309,7 @@ async def _relay_stream(
     watchdog: Watchdog,
     loop: asyncio.AbstractEventLoop,
 ) -> web.StreamResponse:
-    watcher: StreamWatcher
-    if plan.stream_format == "tgi":
-        watcher = TgiStreamWatcher()
-    else:
-        watcher = OpenAIStreamWatcher(strip_usage=plan.strip_usage)
+    watcher = plan.dialect.stream_watcher(plan.shape)
     content = backend_response.content
     try:
         # The client's 200 waits for the backend's first byte, so a backend that
@@ -335,7 +317,8 @@ async def _relay_stream(
         first = await content.readany()
         if not first:  # headers, then nothing: a failure before the first byte
             raise BackendFailure(f"Backend {plan.backend.name} ended its stream before any byte.")
-        record.first_byte = watchdog.last = loop.time()
+        watchdog.last = loop.time()
+        record.first_byte = clock()
         watchdog.streaming = True
         if plan.on_first_byte is not None:
             plan.on_first_byte()
@@ -345,7 +328,7 @@ async def _relay_stream(
         while chunk:
             out = watcher.feed(chunk)
             if record.first_token is None and watcher.first_token_seen:
-                record.first_token = watchdog.last
+                record.first_token = clock()
             if out:
                 await client_response.write(out)
             chunk = await content.readany()
@@ -357,7 +340,7 @@ async def _relay_stream(
     except ConnectionResetError:
         # Writing to a client that has gone, before aiohttp cancelled this handler.
         # (aiohttp's ClientConnectionResetError is one too: check it first.)
-        record.outcome = "client_disconnected"
+        record.outcome = Outcome.CLIENT_DISCONNECTED
         record.completion_tokens = watcher.completion_tokens
         return client_response
     except aiohttp.ClientError as exc:
@@ -368,10 +351,10 @@ async def _relay_stream(
     if not watcher.done:
         return await _fail_stream(client_response, plan, record, watcher, "ended before its end")
     if watcher.backend_error:  # relayed as the backend sent it; the log says what happened
-        record.outcome = "backend_error"
+        record.outcome = Outcome.BACKEND_ERROR
         record.error_code = STREAM_ERROR_CODE
     else:
-        record.outcome = "ok"
+        record.outcome = Outcome.OK
     await client_response.write_eof()
     return client_response
 
@@ -384,21 +367,17 @@ async def _fail_stream(
     what: str,
 ) -> web.StreamResponse:
     record.completion_tokens = watcher.completion_tokens
-    error = GatewayError(
-        502, "backend_error", f"The backend's stream {what}.", outcome="backend_error"
-    )
+    error = BackendError(f"The backend's stream {what}.")
     record.outcome = error.outcome
     record.error_code = error.code
-    await _end_with_error(client_response, error, plan.stream_format)
+    await _end_with_error(client_response, plan.error_event(error))
     return client_response
 
 
-async def _end_with_error(
-    client_response: web.StreamResponse, error: GatewayError, stream_format: str
-) -> None:
+async def _end_with_error(client_response: web.StreamResponse, event: bytes) -> None:
     """A stream already answered 200: the failure goes in a final SSE error event."""
     try:
-        await client_response.write(error_event(error, stream_format))
+        await client_response.write(event)
         await client_response.write_eof()
     except (ConnectionError, RuntimeError):
         pass  # the client is gone too

@@ -198,19 +198,28 @@ TGI_NOT_FINAL = b'"generated_text":null'
 
 class TgiStreamWatcher(StreamWatcher):
     """TGI's `/generate_stream`: a token event per token, the last one carrying
-    `generated_text` and `details.generated_tokens`; no [DONE]."""
+    `generated_text` (and `details.generated_tokens` when asked for); no [DONE].
+
+    Token events are counted as they pass, so `completion_tokens` is known
+    without `details` too (and for a stream cut short, what was generated).
+    """
 
     __slots__ = ()
 
     def _boring(self, chunk: bytes) -> bool:
         # Every event is a non-final token event (no allocation: counts, not splits).
-        return chunk.count(b"data:") == chunk.count(TGI_NOT_FINAL)
+        events = chunk.count(b"data:")
+        if events != chunk.count(TGI_NOT_FINAL):
+            return False
+        self.completion_tokens = (self.completion_tokens or 0) + events
+        return True
 
     def _inspect(self, event: bytes) -> bool:
         payload = event_data(event)
         if payload is None:
             return True
         if self.first_token_seen and TGI_NOT_FINAL in payload:
+            self.completion_tokens = (self.completion_tokens or 0) + 1
             return True
         try:
             chunk = json.loads(payload)
@@ -222,8 +231,10 @@ class TgiStreamWatcher(StreamWatcher):
             self.backend_error = self.done = True
             return True
         token = chunk.get("token")
-        if not self.first_token_seen and isinstance(token, dict) and not token.get("special"):
-            self.first_token_seen = True
+        if isinstance(token, dict):
+            self.completion_tokens = (self.completion_tokens or 0) + 1
+            if not self.first_token_seen and not token.get("special"):
+                self.first_token_seen = True
         if chunk.get("generated_text") is not None:
             self.done = True
             details = chunk.get("details")

@@ -1,24 +1,40 @@
 """Admission of OpenAI bodies: the backend body, stream options, the lane, refusals.
 
-Admission runs in two steps (`measure_openai` validates and counts, `admit` applies
-the policy); the helpers below run both, as the handler does.
+Admission runs in two steps (the dialect's `measure` validates and counts, `admit`
+applies the policy) and the dialect shapes the backend body; the helpers below run
+all three, as the handler does.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import tiktoken
 
-from gateway.admission.admit import CHAT, COMPLETION, Admission, RequestShape, admit, measure_openai
+from gateway.admission.admit import Admission, RequestShape, admit
+from gateway.admission.limits import OutputBudget
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import LaneSettings, LimitsSettings, Settings
-from gateway.errors import GatewayError
+from gateway.dialects import ChatDialect, CompletionDialect, Dialect
+from gateway.http.errors import status_of
+from gateway.outcomes import Refusal
 
 HELLO = [{"role": "user", "content": "hello world"}]  # 9 prompt tokens
+CHAT = ChatDialect("/v1/chat/completions")
+COMPLETION = CompletionDialect("/v1/completions")
+
+
+@dataclass
+class Admitted:
+    """An admission and the backend body the dialect made of it."""
+
+    budget: OutputBudget
+    lane: LaneSettings
+    backend_body: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +56,18 @@ def settings() -> Settings:
 
 
 async def admit_body(
-    body: dict[str, Any], settings: Settings, counter: TokenCounter, kind: str = CHAT
-) -> tuple[RequestShape, Admission]:
-    shape = await measure_openai(body, settings, counter, kind=kind)
-    return shape, admit(shape, settings)
+    body: dict[str, Any], settings: Settings, counter: TokenCounter, kind: Dialect = CHAT
+) -> tuple[RequestShape, Admitted]:
+    shape = await kind.measure(body, settings.limits, counter)
+    admission: Admission = admit(shape, settings)
+    backend_body = kind.backend_body(shape, admission.budget)
+    return shape, Admitted(admission.budget, admission.lane, backend_body)
 
 
 async def refusal(
-    body: dict[str, Any], settings: Settings, counter: TokenCounter, kind: str = CHAT
-) -> GatewayError:
-    with pytest.raises(GatewayError) as info:
+    body: dict[str, Any], settings: Settings, counter: TokenCounter, kind: Dialect = CHAT
+) -> Refusal:
+    with pytest.raises(Refusal) as info:
         await admit_body(body, settings, counter, kind)
     return info.value
 
@@ -134,7 +152,7 @@ async def test_other_fields_pass_through(settings: Settings, counter: TokenCount
 async def test_reject_mode_refuses_over_cap(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(on_max_tokens_over="reject"))
     error = await refusal({"messages": HELLO, "max_tokens": 1025}, settings, counter)
-    assert (error.status, error.code) == (400, "max_tokens_too_large")
+    assert (status_of(error), error.code) == (400, "max_tokens_too_large")
 
 
 async def test_reject_mode_names_max_completion_tokens_when_the_client_used_it(
@@ -148,7 +166,7 @@ async def test_reject_mode_names_max_completion_tokens_when_the_client_used_it(
 async def test_context_window_refusal(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(context_window=100))
     error = await refusal({"messages": HELLO, "max_tokens": 92}, settings, counter)
-    assert (error.status, error.code) == (400, "context_length_exceeded")
+    assert (status_of(error), error.code) == (400, "context_length_exceeded")
     # 9 + 91 fills the window exactly: admitted.
     shape, admission = await admit_body({"messages": HELLO, "max_tokens": 91}, settings, counter)
     assert admission.backend_body["max_tokens"] == 91
@@ -219,7 +237,7 @@ async def test_stream_absent_is_not_a_stream(settings: Settings, counter: TokenC
 
 async def test_completions_require_a_prompt(settings: Settings, counter: TokenCounter) -> None:
     error = await refusal({"model": "m", "messages": HELLO}, settings, counter, COMPLETION)
-    assert (error.status, error.code, error.param) == (400, "invalid_request", "prompt")
+    assert (status_of(error), error.code, error.param) == (400, "invalid_request", "prompt")
 
 
 async def test_completions_with_a_string_prompt(settings: Settings, counter: TokenCounter) -> None:
@@ -240,7 +258,7 @@ async def test_completions_get_the_default_max_tokens(
 
 async def test_chat_requires_messages(settings: Settings, counter: TokenCounter) -> None:
     error = await refusal({"prompt": "hello"}, settings, counter)
-    assert (error.status, error.param) == (400, "messages")
+    assert (status_of(error), error.param) == (400, "messages")
 
 
 # --- the lane follows the budget --------------------------------------------------------------
@@ -296,21 +314,21 @@ async def test_long_prompt_goes_to_bulk(settings: Settings, counter: TokenCounte
 async def test_no_lane_admits_is_413(counter: TokenCounter) -> None:
     settings = Settings(lanes=[LaneSettings(name="only", max_prompt_tokens=5)])
     error = await refusal({"messages": HELLO}, settings, counter)
-    assert (error.status, error.code, error.param) == (413, "prompt_too_long", "messages")
+    assert (status_of(error), error.code, error.param) == (413, "prompt_too_long", "messages")
     error = await refusal({"prompt": "a b c d e f g h"}, settings, counter, COMPLETION)
-    assert (error.status, error.code, error.param) == (413, "prompt_too_long", "prompt")
+    assert (status_of(error), error.code, error.param) == (413, "prompt_too_long", "prompt")
 
 
 async def test_prompt_over_the_cap_is_413(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(max_prompt_tokens=8))
     error = await refusal({"messages": HELLO}, settings, counter)
-    assert (error.status, error.code) == (413, "prompt_too_long")
+    assert (status_of(error), error.code) == (413, "prompt_too_long")
 
 
 async def test_completions_prompt_over_the_cap_names_prompt(counter: TokenCounter) -> None:
     settings = Settings(limits=LimitsSettings(max_prompt_tokens=8))
     error = await refusal({"prompt": list(range(9))}, settings, counter, COMPLETION)
-    assert (error.status, error.code, error.param) == (413, "prompt_too_long", "prompt")
+    assert (status_of(error), error.code, error.param) == (413, "prompt_too_long", "prompt")
 
 
 async def test_context_window_applies_to_each_prompt_of_a_batch(counter: TokenCounter) -> None:
@@ -354,7 +372,7 @@ async def test_wrong_types_are_400(
     settings: Settings, counter: TokenCounter, changes: dict[str, Any], param: str
 ) -> None:
     error = await refusal({"messages": HELLO, **changes}, settings, counter)
-    assert (error.status, error.code, error.param) == (400, "invalid_request", param)
+    assert (status_of(error), error.code, error.param) == (400, "invalid_request", param)
 
 
 # --- the measured shape --------------------------------------------------------------------
@@ -364,8 +382,8 @@ async def test_shape_records_what_the_client_asked(
     settings: Settings, counter: TokenCounter
 ) -> None:
     body = {"messages": HELLO, "n": 3, "max_completion_tokens": 50, "max_tokens": None}
-    shape = await measure_openai(body, settings, counter, kind=CHAT)
-    assert shape.kind == CHAT
+    shape = await CHAT.measure(body, settings.limits, counter)
+    assert shape.prompt_param == "messages"
     assert (shape.n, shape.prompt_count) == (3, 1)
     assert shape.requested_max_tokens == 50
     assert shape.max_tokens_fields == ("max_completion_tokens",)
@@ -374,7 +392,7 @@ async def test_shape_records_what_the_client_asked(
 
 async def test_completions_read_only_max_tokens(settings: Settings, counter: TokenCounter) -> None:
     body = {"prompt": ["a", "b", "c"], "max_completion_tokens": 50}
-    shape = await measure_openai(body, settings, counter, kind=COMPLETION)
+    shape = await COMPLETION.measure(body, settings.limits, counter)
     assert shape.requested_max_tokens is None
     assert shape.max_tokens_fields == ()
     assert shape.prompt_count == 3

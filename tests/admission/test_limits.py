@@ -8,14 +8,30 @@ import pytest
 
 from gateway.admission.limits import (
     OutputBudget,
+    check_n,
     check_prompt,
     decide_output_budget,
-    read_n,
-    read_positive_int,
-    requested_max_tokens,
+    smallest_cap,
 )
+from gateway.admission.schema import ChatCompletionRequest, CompletionRequest, parse
 from gateway.config import LimitsSettings
-from gateway.errors import GatewayError
+from gateway.http.errors import status_of
+from gateway.outcomes import Refusal
+
+
+def read_n(body: dict[str, Any], limits: LimitsSettings) -> int:
+    """`n` of a chat body, as the chat dialect reads it: schema, then the max_n cap."""
+    return check_n(parse({"messages": [{"role": "user"}], **body}, ChatCompletionRequest).n, limits)
+
+
+def requested_max_tokens(
+    body: dict[str, Any], fields: tuple[str, ...] = ("max_completion_tokens", "max_tokens")
+) -> int | None:
+    """The smallest max-tokens field of a chat body (`fields` = ("max_tokens",): completions)."""
+    if fields == ("max_tokens",):
+        return parse({"prompt": "x", **body}, CompletionRequest).max_tokens
+    request = parse({"messages": [{"role": "user"}], **body}, ChatCompletionRequest)
+    return smallest_cap(request.max_tokens, request.max_completion_tokens)
 
 
 def limits(**changes: Any) -> LimitsSettings:
@@ -55,15 +71,19 @@ def test_over_the_cap_is_clamped_and_the_request_remembered() -> None:
 
 
 def test_over_the_cap_in_reject_mode_is_400_max_tokens_too_large() -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         decide_output_budget(1001, 50, limits(on_max_tokens_over="reject"))
     error = info.value
-    assert (error.status, error.code, error.param) == (400, "max_tokens_too_large", "max_tokens")
+    assert (status_of(error), error.code, error.param) == (
+        400,
+        "max_tokens_too_large",
+        "max_tokens",
+    )
     assert "1001" in error.message and "1000" in error.message
 
 
 def test_reject_mode_names_the_field_the_client_used() -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         decide_output_budget(
             5000, 50, limits(on_max_tokens_over="reject"), param="max_completion_tokens"
         )
@@ -79,14 +99,18 @@ def test_reject_mode_keeps_a_request_within_the_cap() -> None:
 
 
 def test_prompt_at_the_cap_passes() -> None:
-    check_prompt(4000, limits())
+    settings = limits()
+    assert settings.max_prompt_tokens == 4000
+    check_prompt(4000, settings)  # at the cap: accepted (the cap is inclusive)
+    with pytest.raises(Refusal):  # one more is refused, so 4000 was the boundary checked
+        check_prompt(4001, settings)
 
 
 def test_prompt_over_the_cap_is_413_prompt_too_long() -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         check_prompt(4001, limits())
     error = info.value
-    assert (error.status, error.code) == (413, "prompt_too_long")
+    assert (status_of(error), error.code) == (413, "prompt_too_long")
     assert "4001" in error.message and "4000" in error.message
 
 
@@ -94,10 +118,14 @@ def test_prompt_over_the_cap_is_413_prompt_too_long() -> None:
 
 
 def test_explicit_request_over_the_window_is_400_context_length_exceeded() -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         decide_output_budget(601, 1400, limits(context_window=2000))
     error = info.value
-    assert (error.status, error.code, error.param) == (400, "context_length_exceeded", "max_tokens")
+    assert (status_of(error), error.code, error.param) == (
+        400,
+        "context_length_exceeded",
+        "max_tokens",
+    )
     assert "2000" in error.message
 
 
@@ -124,9 +152,9 @@ def test_clamped_request_is_then_fitted_to_the_window() -> None:
 
 @pytest.mark.parametrize("requested", [None, 1, 100])
 def test_prompt_filling_the_window_is_400(requested: int | None) -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         decide_output_budget(requested, 2000, limits(context_window=2000))
-    assert (info.value.status, info.value.code) == (400, "context_length_exceeded")
+    assert (status_of(info.value), info.value.code) == (400, "context_length_exceeded")
 
 
 def test_prompt_one_short_of_the_window_leaves_one_token() -> None:
@@ -164,9 +192,13 @@ def test_n_up_to_max_n_is_accepted() -> None:
     ],
 )
 def test_invalid_n_is_400(n: Any) -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         read_n({"n": n}, limits())
-    assert (info.value.status, info.value.code, info.value.param) == (400, "invalid_request", "n")
+    assert (status_of(info.value), info.value.code, info.value.param) == (
+        400,
+        "invalid_request",
+        "n",
+    )
 
 
 # --- max_tokens fields ---------------------------------------------------------------------
@@ -198,13 +230,17 @@ def test_only_the_given_fields_are_read() -> None:
 @pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
 @pytest.mark.parametrize("value", [True, False, "100", 100.0, 0, -5, [100]])
 def test_non_positive_integer_max_tokens_are_refused(field: str, value: Any) -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         requested_max_tokens({field: value})
-    assert (info.value.status, info.value.code, info.value.param) == (400, "invalid_request", field)
+    assert (status_of(info.value), info.value.code, info.value.param) == (
+        400,
+        "invalid_request",
+        field,
+    )
 
 
-def test_read_positive_int_accepts_one() -> None:
-    assert read_positive_int({"k": 1}, "k") == 1
+def test_a_cap_of_one_is_accepted() -> None:
+    assert requested_max_tokens({"max_tokens": 1}) == 1
 
 
 # --- the budget --------------------------------------------------------------------------

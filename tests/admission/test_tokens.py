@@ -34,7 +34,8 @@ from gateway.admission.tokens import (
     completion_prompt_parts,
     load_encoding,
 )
-from gateway.errors import GatewayError
+from gateway.http.errors import status_of
+from gateway.outcomes import Refusal
 
 # The cookbook's example ("How to count tokens with tiktoken"): 129 prompt tokens for
 # gpt-3.5-turbo / gpt-4 (cl100k_base), as counted by the OpenAI API.
@@ -311,7 +312,7 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
         pytest.param(
             [{"role": "user", "content": [{"text": "no type"}]}],
             None,
-            "messages[0].content[0]",
+            "messages[0].content[0].type",
             id="part-without-type",
         ),
         pytest.param(
@@ -323,7 +324,7 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
         pytest.param(
             [{"role": "user", "content": [{"type": "text", "text": 5}]}],
             None,
-            "messages[0].content[0]",
+            "messages[0].content[0].text",
             id="text-part-not-a-string",
         ),
         pytest.param(
@@ -341,22 +342,23 @@ def test_chat_parts_are_one_prompt(counter: TokenCounter) -> None:
         pytest.param(
             [{"role": "assistant", "tool_calls": [{"function": "f"}]}],
             None,
-            "messages[0].tool_calls",
+            "messages[0].tool_calls[0].function",
             id="tool-call-function-not-an-object",
         ),
         pytest.param(
             [{"role": "user", "content": "x"}], {"type": "function"}, "tools", id="tools-not-a-list"
         ),
         pytest.param(
-            [{"role": "user", "content": "x"}], ["get_weather"], "tools", id="tool-not-an-object"
+            [{"role": "user", "content": "x"}], ["get_weather"], "tools[0]", id="tool-not-an-object"
         ),
     ],
 )
 def test_invalid_chat_shapes_are_400_with_param(messages: Any, tools: Any, param: str) -> None:
-    with pytest.raises(GatewayError) as info:
+    """`param` is the exact path of the offending value (msgspec's, as OpenAI names them)."""
+    with pytest.raises(Refusal) as info:
         chat_prompt_parts(messages, tools)
     error = info.value
-    assert error.status == 400
+    assert status_of(error) == 400
     assert error.code == "invalid_request"
     assert error.param == param
     assert error.message
@@ -416,9 +418,9 @@ def test_list_of_token_id_arrays(counter: TokenCounter) -> None:
     ],
 )
 def test_invalid_completion_prompts_are_400_on_prompt(prompt: Any) -> None:
-    with pytest.raises(GatewayError) as info:
+    with pytest.raises(Refusal) as info:
         completion_prompt_parts(prompt)
-    assert info.value.status == 400
+    assert status_of(info.value) == 400
     assert info.value.code == "invalid_request"
     assert info.value.param == "prompt"
 

@@ -1,4 +1,9 @@
-"""Scheduler order, promotion, per-lane slot limits and the fail-fast paths."""
+"""Scheduler order, promotion, per-lane slot limits and the fail-fast paths.
+
+The scheduler reads one injected clock for every estimate (ages, hold times), so
+these tests move time with `Clock.advance` instead of sleeping; only the queue
+timeout is a real loop timer (it must fire), tested with a short one.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ import asyncio
 import pytest
 
 from gateway.config import LaneSettings
-from gateway.errors import GatewayError
+from gateway.http.errors import status_of
+from gateway.outcomes import Refusal
 from gateway.scheduling.scheduler import Grant, Scheduler
 
 
@@ -32,12 +38,26 @@ class CountingSlots:
         self.free += 1
 
 
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def make(
     slots: int = 1,
     *,
     interactive: dict | None = None,
     bulk: dict | None = None,
     limits: dict[str, int] | None = None,
+    clock: Clock | None = None,
 ) -> tuple[Scheduler, CountingSlots]:
     lanes = [
         LaneSettings(name="interactive", **{"queue_timeout_s": 5, **(interactive or {})}),
@@ -45,7 +65,7 @@ def make(
     ]
     source = CountingSlots(slots)
     limits = limits or {"interactive": slots, "bulk": slots}
-    return Scheduler(lanes, limits, source), source
+    return Scheduler(lanes, limits, source, clock=clock or Clock()), source
 
 
 async def settle() -> None:
@@ -87,10 +107,12 @@ async def test_higher_lane_goes_first_then_fifo_within_a_lane() -> None:
 
 
 async def test_a_request_waiting_past_promote_after_goes_first() -> None:
-    scheduler, _ = make(1, bulk={"promote_after_s": 0.05})
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"promote_after_s": 0.05}, clock=clock)
     held = await scheduler.acquire("interactive")
     bulk = asyncio.create_task(scheduler.acquire("bulk"))
-    await asyncio.sleep(0.1)  # past promote_after_s
+    await settle()
+    clock.advance(0.1)  # past promote_after_s
     short = asyncio.create_task(scheduler.acquire("interactive"))
     await settle()
     scheduler.release(held)
@@ -138,9 +160,9 @@ async def test_full_queue_is_refused_at_once_with_retry_after() -> None:
     held = await scheduler.acquire("bulk")
     waiting = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(2)]
     await settle()
-    with pytest.raises(GatewayError) as refused:
+    with pytest.raises(Refusal) as refused:
         await scheduler.acquire("bulk")
-    assert refused.value.status == 429 and refused.value.code == "queue_full"
+    assert status_of(refused.value) == 429 and refused.value.code == "queue_full"
     assert refused.value.retry_after_s is not None and refused.value.retry_after_s >= 1
     # The other lane's queue is its own.
     other = asyncio.create_task(scheduler.acquire("interactive"))
@@ -156,10 +178,10 @@ async def test_queue_timeout_answers_503_and_leaves_the_queue() -> None:
     scheduler, _ = make(1, interactive={"queue_timeout_s": 0.1})
     held = await scheduler.acquire("interactive")
     started = asyncio.get_running_loop().time()
-    with pytest.raises(GatewayError) as timed_out:
+    with pytest.raises(Refusal) as timed_out:
         await scheduler.acquire("interactive")
     waited = asyncio.get_running_loop().time() - started
-    assert timed_out.value.status == 503 and timed_out.value.code == "queue_timeout"
+    assert status_of(timed_out.value) == 503 and timed_out.value.code == "queue_timeout"
     assert timed_out.value.outcome == "queue_timeout"
     assert timed_out.value.retry_after_s is not None
     assert 0.09 <= waited < 2
@@ -193,18 +215,19 @@ async def test_cancel_right_after_grant_gives_the_slot_back() -> None:
 
 
 async def test_predicted_wait_over_the_deadline_is_refused_at_once() -> None:
-    scheduler, _ = make(1, bulk={"queue_timeout_s": 0.5})
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"queue_timeout_s": 0.5}, clock=clock)
     # Teach the scheduler that a bulk request holds its slot ~0.2 s.
     grant = await scheduler.acquire("bulk")
-    await asyncio.sleep(0.2)
+    clock.advance(0.2)
     scheduler.release(grant)
     held = await scheduler.acquire("bulk")
     queued = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(2)]
     await settle()
     # Two ahead plus this one at ~0.2 s each on one slot: ~0.6 s > 0.5 s.
-    with pytest.raises(GatewayError) as refused:
+    with pytest.raises(Refusal) as refused:
         await scheduler.acquire("bulk")
-    assert refused.value.status == 429 and refused.value.code == "wait_too_long"
+    assert status_of(refused.value) == 429 and refused.value.code == "wait_too_long"
     for task in queued:
         task.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
@@ -221,11 +244,13 @@ async def test_release_is_idempotent() -> None:
 
 async def test_promotion_guarantees_progress_not_priority() -> None:
     """An aged lane that already runs its promoted_slots does not cut in front."""
-    scheduler, _ = make(2, bulk={"promote_after_s": 0.05, "promoted_slots": 1})
+    clock = Clock()
+    scheduler, _ = make(2, bulk={"promote_after_s": 0.05, "promoted_slots": 1}, clock=clock)
     running_bulk = await scheduler.acquire("bulk")
     held = await scheduler.acquire("interactive")
     aged = asyncio.create_task(scheduler.acquire("bulk"))
-    await asyncio.sleep(0.1)  # past promote_after_s, but bulk already runs one
+    await settle()
+    clock.advance(0.1)  # past promote_after_s, but bulk already runs one
     short = asyncio.create_task(scheduler.acquire("interactive"))
     await settle()
     scheduler.release(held)

@@ -1,0 +1,64 @@
+"""A `Dialect` is one API the gateway speaks: OpenAI chat, OpenAI completions, TGI.
+
+Dialects differ in how a body is validated and counted, how the backend's body
+is shaped (caps in their fields, usage asked for), how the backend's stream is
+watched, how an answer's token usage is read and how an error inside a started
+stream is written. Everything else (admission policy, lanes, slots, relay,
+records) is the same for all, so a route is a path plus its dialect, and
+nothing downstream switches on the API's name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import msgspec
+
+from gateway.admission.admit import RequestShape
+from gateway.admission.limits import OutputBudget
+from gateway.admission.tokens import TokenCounter
+from gateway.config import LimitsSettings
+from gateway.upstream.sse import StreamWatcher
+
+
+class Dialect(ABC):
+    #: The request type its bodies are validated as.
+    request_type: type[msgspec.Struct]
+
+    def __init__(self, backend_path: str) -> None:
+        #: Where requests of this dialect go on the backend.
+        self.backend_path = backend_path
+
+    @abstractmethod
+    async def measure(
+        self, body: dict[str, Any], limits: LimitsSettings, counter: TokenCounter
+    ) -> RequestShape:
+        """Validate `body` (InvalidRequest naming the field) and count its prompt."""
+
+    @abstractmethod
+    def backend_body(self, shape: RequestShape, budget: OutputBudget) -> dict[str, Any]:
+        """The client's body with the output cap in force (and what the gateway must see)."""
+
+    @abstractmethod
+    def stream_watcher(self, shape: RequestShape) -> StreamWatcher:
+        """Watches the backend's SSE bytes: first token, end, usage."""
+
+    @abstractmethod
+    def completion_tokens(self, body: bytes) -> int | None:
+        """Generated tokens, from a whole (non-stream) answer; None when it does not say."""
+
+    def client_body(self, shape: RequestShape, body: bytes) -> bytes:
+        """A whole answer as the client asked for it (only TGI ever changes it)."""
+        return body
+
+    @abstractmethod
+    def error_event(self, error: dict[str, Any]) -> bytes:
+        """The last SSE event of a stream that failed after it started.
+
+        `error` is the envelope's inside (`message`, `type`, `param`, `code`).
+        """
+
+
+def sse_event(payload: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"

@@ -1,0 +1,96 @@
+"""OpenAI's chat completions and completions: `messages` or `prompt`, `max_tokens`, usage."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gateway.admission.admit import RequestShape
+from gateway.admission.limits import OutputBudget, check_n, smallest_cap
+from gateway.admission.schema import ChatCompletionRequest, CompletionRequest, parse
+from gateway.admission.tokens import TokenCounter, chat_parts, completion_prompt_parts
+from gateway.config import LimitsSettings
+from gateway.dialects.base import Dialect, sse_event
+from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher
+
+
+class _OpenAIDialect(Dialect):
+    def backend_body(self, shape: RequestShape, budget: OutputBudget) -> dict[str, Any]:
+        body = dict(shape.body)
+        for field_name in shape.max_tokens_fields or ("max_tokens",):
+            body[field_name] = budget.max_tokens
+        if shape.stream:
+            # Ask for usage so the log line has real completion_tokens.
+            options = shape.body.get("stream_options") or {}
+            body["stream_options"] = {**options, "include_usage": True}
+        return body
+
+    def stream_watcher(self, shape: RequestShape) -> StreamWatcher:
+        return OpenAIStreamWatcher(strip_usage=not shape.client_wants_usage)
+
+    def completion_tokens(self, body: bytes) -> int | None:
+        try:
+            usage = msgspec.json.decode(body).get("usage")
+        except (msgspec.DecodeError, AttributeError):
+            return None
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        return tokens if type(tokens) is int else None
+
+    def error_event(self, error: dict[str, Any]) -> bytes:
+        return sse_event({"error": error})
+
+
+class ChatDialect(_OpenAIDialect):
+    request_type = ChatCompletionRequest
+
+    async def measure(
+        self, body: dict[str, Any], limits: LimitsSettings, counter: TokenCounter
+    ) -> RequestShape:
+        request = parse(body, ChatCompletionRequest)
+        size = await counter.measure_async(chat_parts(request))
+        fields = tuple(
+            name
+            for name, value in (
+                ("max_completion_tokens", request.max_completion_tokens),
+                ("max_tokens", request.max_tokens),
+            )
+            if value is not None
+        )
+        return RequestShape(
+            body=body,
+            prompt_param="messages",
+            model=request.model,
+            stream=bool(request.stream),
+            prompt_tokens=size.total,
+            longest_prompt_tokens=size.longest,
+            requested_max_tokens=smallest_cap(request.max_tokens, request.max_completion_tokens),
+            max_tokens_fields=fields,
+            n=check_n(request.n, limits),
+            prompt_count=1,
+            client_wants_usage=request.wants_usage,
+        )
+
+
+class CompletionDialect(_OpenAIDialect):
+    request_type = CompletionRequest
+
+    async def measure(
+        self, body: dict[str, Any], limits: LimitsSettings, counter: TokenCounter
+    ) -> RequestShape:
+        request = parse(body, CompletionRequest)
+        parts = completion_prompt_parts(request.prompt)
+        size = await counter.measure_async(parts)
+        return RequestShape(
+            body=body,
+            prompt_param="prompt",
+            model=request.model,
+            stream=bool(request.stream),
+            prompt_tokens=size.total,
+            longest_prompt_tokens=size.longest,
+            requested_max_tokens=request.max_tokens,
+            max_tokens_fields=("max_tokens",) if request.max_tokens is not None else (),
+            n=check_n(request.n, limits),
+            prompt_count=parts.prompt_count,
+            client_wants_usage=request.wants_usage,
+        )
