@@ -5,23 +5,36 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: run test lint simulate check-config bench bench-trace bench-real bench-overhead bench-loop-lag clean
+# Install steps write their output (venv, pip) to $(INSTALL_LOG) and print only the
+# failing step's part of it, then fail: `make run` says nothing before the gateway does.
+INSTALL_LOG := $(VENV)/install.log
+LOGGED = sh -c 'touch "$$0"; size=$$(wc -c < "$$0"); echo "+ $$*" >> "$$0"; "$$@" >> "$$0" 2>&1 && exit 0; \
+	status=$$?; tail -c +$$((size + 1)) "$$0" >&2; \
+	echo "make: the step above failed (exit $$status); the whole log is $$0" >&2; exit $$status' \
+	$(INSTALL_LOG)
+
+.PHONY: run test test-fast lint simulate check-config bench bench-trace bench-real bench-overhead bench-loop-lag clean
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	@mkdir -p $(VENV)
+	@$(LOGGED) $(PYTHON) -m venv $(VENV)
+	@$(LOGGED) $(PY) -m pip install --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install --quiet -e '.[test,dev]'
-	touch $(STAMP)
+	@$(LOGGED) $(PY) -m pip install -e '.[test,dev]'
+	@touch $(STAMP)
 
 ## run: the gateway on 127.0.0.1:8080 (in front of the built-in simulator unless a backend is configured)
 run: $(STAMP)
-	$(PY) -m gateway serve $(ARGS)
+	@$(PY) -m gateway serve $(ARGS)
 
-## test: the whole suite
+## test: the whole suite (what CI runs)
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+## test-fast: the inner loop, under a minute: the suite without the tests marked `slow`
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check gateway tests scripts

@@ -25,17 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
+from msgspec.structs import replace
 
 from gateway.config import LaneSettings, Settings
 from tests.conftest import RunningGateway, StartGateway, chat, sse_events
+from tests.helpers import Baseline, assert_nothing_left, baseline
 
 CHUNK = (
     b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,'
@@ -290,19 +290,24 @@ async def backends() -> AsyncIterator[Callable[[Behaviour], Awaitable[RawBackend
 StartBackend = Callable[[Behaviour], Awaitable[RawBackend]]
 
 
-def quick_faults(settings: Settings) -> None:
-    settings.health.interval_s = 60  # one check at start-up, none during the test
-    settings.timeouts.pool_idle_s = 0.3  # idle keep-alive connections go quickly
-    # Long enough that a busy machine never trips them where no timeout is meant.
-    settings.timeouts.first_token_s = 10
-    settings.timeouts.idle_s = 10
+def quick_faults(settings: Settings, stream_timeouts_s: float = 10) -> Settings:
+    return replace(
+        settings,
+        # one check at start-up, none during the test
+        health=replace(settings.health, interval_s=60),
+        timeouts=replace(
+            settings.timeouts,
+            pool_idle_s=0.3,  # idle keep-alive connections go quickly
+            # Long enough that a busy machine never trips them where no timeout is meant.
+            first_token_s=stream_timeouts_s,
+            idle_s=stream_timeouts_s,
+        ),
+    )
 
 
-def short_timeouts(settings: Settings) -> None:
+def short_timeouts(settings: Settings) -> Settings:
     """For the faults that end by a timeout."""
-    quick_faults(settings)
-    settings.timeouts.first_token_s = 0.5
-    settings.timeouts.idle_s = 0.5
+    return quick_faults(settings, stream_timeouts_s=0.5)
 
 
 def url_of(backend: RawBackend) -> str:
@@ -318,61 +323,6 @@ async def eventually(check: Callable[[], bool], within_s: float = 3.0, what: str
             pytest.fail(f"not within {within_s} s: {what or check}")
         await asyncio.sleep(0.01)
     return loop.time() - start
-
-
-@dataclass
-class Baseline:
-    tasks: set[asyncio.Task[Any]]
-    fds: int
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-def baseline() -> Baseline:
-    return Baseline(set(asyncio.all_tasks()), open_fds())
-
-
-def live_gauges(registry: CollectorRegistry) -> dict[str, float]:
-    """The queue and in-flight gauges as /metrics would show them, by name and label."""
-    wanted = {"gateway_queue_depth", "gateway_lane_in_flight", "gateway_backend_in_flight"}
-    values = {}
-    for family in registry.collect():
-        for sample in family.samples:
-            if sample.name in wanted:
-                values[f"{sample.name}{sorted(sample.labels.values())}"] = sample.value
-    return values
-
-
-def leftovers(gateway: RunningGateway, before: Baseline) -> list[str]:
-    state = gateway.state
-    problems = [f"{k}={v}" for k, v in live_gauges(state.metrics.registry).items() if v]
-    for backend in state.pool.backends:
-        if backend.prefilling_tokens or backend.outstanding_tokens:
-            problems.append(
-                f"backend {backend.name}: prefilling={backend.prefilling_tokens} "
-                f"outstanding={backend.outstanding_tokens}"
-            )
-    new_tasks = [t for t in asyncio.all_tasks() if t not in before.tasks and not t.done()]
-    if new_tasks:
-        problems.append(f"{len(new_tasks)} new tasks: {[t.get_coro() for t in new_tasks][:5]}")
-    fds = open_fds()
-    if fds > before.fds:
-        problems.append(f"open fds {before.fds} -> {fds}")
-    return problems
-
-
-async def assert_nothing_left(
-    gateway: RunningGateway, before: Baseline, within_s: float = 5.0
-) -> None:
-    """Gauges at zero, no new task, no new fd, once things have had time to settle."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while problems := leftovers(gateway, before):
-        if loop.time() > deadline:
-            pytest.fail("left behind after the request: " + "; ".join(problems))
-        await asyncio.sleep(0.05)
 
 
 async def ready(gateway: RunningGateway, *backends: RawBackend) -> Baseline:

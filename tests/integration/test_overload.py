@@ -21,20 +21,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import resource
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from msgspec.structs import replace
 
 from gateway.config import LaneSettings, Settings
 from gateway.tools.stats import percentile
+from tests import helpers
 from tests.conftest import RunningGateway, StartGateway, StartSimulator, chat
+from tests.helpers import Baseline, baseline, open_fds
 
 ROUTE = "/v1/chat/completions"
 #: Connection attempts in flight at once, below the test server's listen backlog of 128.
@@ -49,58 +50,20 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+async def assert_nothing_left(gateway: RunningGateway, before: Baseline) -> None:
+    """A load of thousands of requests takes longer to settle than one request."""
+    await helpers.assert_nothing_left(gateway, before, within_s=10.0, poll_s=0.1, after="the load")
 
 
-@dataclass
-class Baseline:
-    tasks: set[asyncio.Task[Any]]
-    fds: int
-
-
-def baseline() -> Baseline:
-    return Baseline(set(asyncio.all_tasks()), open_fds())
-
-
-def leftovers(gateway: RunningGateway, before: Baseline) -> list[str]:
-    state = gateway.state
-    problems = []
-    for lane in state.scheduler.lanes:
-        if lane.in_flight or lane.queue:
-            problems.append(
-                f"lane {lane.name}: in_flight={lane.in_flight} queued={len(lane.queue)}"
-            )
-    for backend in state.pool.backends:
-        if backend.in_flight or backend.prefilling_tokens or backend.outstanding_tokens:
-            problems.append(
-                f"backend {backend.name}: in_flight={backend.in_flight} "
-                f"prefilling={backend.prefilling_tokens} outstanding={backend.outstanding_tokens}"
-            )
-    new_tasks = [t for t in asyncio.all_tasks() if t not in before.tasks and not t.done()]
-    if new_tasks:
-        problems.append(f"{len(new_tasks)} new tasks: {[t.get_coro() for t in new_tasks][:5]}")
-    if open_fds() > before.fds:
-        problems.append(f"open fds {before.fds} -> {open_fds()}")
-    return problems
-
-
-async def assert_nothing_left(
-    gateway: RunningGateway, before: Baseline, within_s: float = 10.0
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while problems := leftovers(gateway, before):
-        if loop.time() > deadline:
-            pytest.fail("left behind after the load: " + "; ".join(problems))
-        await asyncio.sleep(0.1)
-
-
-def quiet(settings: Settings) -> None:
-    settings.health.interval_s = 60  # no health check in the middle of the measurement
-    settings.timeouts.pool_idle_s = 0.5  # pooled backend connections close soon after
-    for backend in settings.backends:
-        backend.max_prefill_tokens = 0
+def quiet(settings: Settings) -> Settings:
+    return replace(
+        settings,
+        # no health check in the middle of the measurement
+        health=replace(settings.health, interval_s=60),
+        # pooled backend connections close soon after
+        timeouts=replace(settings.timeouts, pool_idle_s=0.5),
+        backends=[replace(backend, max_prefill_tokens=0) for backend in settings.backends],
+    )
 
 
 def client_session() -> aiohttp.ClientSession:

@@ -1,0 +1,149 @@
+"""The per-request log line: one JSON object per line, ASCII only, never the prompt."""
+
+from __future__ import annotations
+
+import io
+import json
+from enum import StrEnum
+from typing import Any
+
+import aiohttp
+
+from gateway.observability.logs import RequestLog, make_logger
+from gateway.observability.record import RequestRecord
+from tests.conftest import StartGateway, StartSimulator, chat
+
+#: The fields DESIGN.md promises on every request line.
+DOCUMENTED_FIELDS = {
+    "event",
+    "request_id",
+    "route",
+    "model",
+    "stream",
+    "lane",
+    "backend",
+    "status",
+    "outcome",
+    "prompt_tokens",
+    "max_tokens_requested",
+    "max_tokens",
+    "completion_tokens",
+    "queue_ms",
+    "backend_ttft_ms",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+}
+
+
+def record(**changes: Any) -> RequestRecord:
+    fields: dict[str, Any] = {
+        "request_id": "r-1",
+        "route": "/v1/chat/completions",
+        "arrival": 10.0,
+        "model": "sim-model",
+        "lane": "interactive",
+        "status": 200,
+        "outcome": "ok",
+        "enqueued": 10.0,
+        "dispatched": 10.5,
+        "first_token": 11.0,
+        "end": 12.0,
+        "completion_tokens": 3,
+    }
+    fields.update(changes)
+    return RequestRecord(**fields)
+
+
+def strict_utf8_stream() -> tuple[io.TextIOWrapper, io.BytesIO]:
+    """Like stdout: a line it cannot encode raises instead of being written."""
+    raw = io.BytesIO()
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="\n"), raw
+
+
+def written_lines(stream: io.TextIOWrapper, raw: io.BytesIO) -> list[str]:
+    stream.flush()
+    return raw.getvalue().decode("ascii").split("\n")
+
+
+def test_each_request_is_one_json_object_on_one_line() -> None:
+    stream, raw = strict_utf8_stream()
+    log = RequestLog(stream)
+    log.request(record(request_id="r-1"))
+    log.request(record(request_id="r-2", model="line\nbreak", outcome="queue_timeout"))
+    *lines, tail = written_lines(stream, raw)
+    assert tail == ""  # every line ends with a newline
+    assert len(lines) == 2
+    parsed = [json.loads(line) for line in lines]
+    assert [p["request_id"] for p in parsed] == ["r-1", "r-2"]
+    assert all(p["event"] == "request" and p["level"] == "info" for p in parsed)
+    assert all(p["timestamp"].endswith("Z") for p in parsed)  # ISO 8601, UTC
+    assert parsed[1]["model"] == "line\nbreak"  # escaped, so it could not split the line
+    assert parsed[1]["outcome"] == "queue_timeout"
+
+
+def test_the_line_has_the_documented_fields_and_null_for_absent_values() -> None:
+    stream, raw = strict_utf8_stream()
+    RequestLog(stream).request(record(first_token=None, completion_tokens=None))
+    (line, _) = written_lines(stream, raw)
+    parsed = json.loads(line)
+    assert DOCUMENTED_FIELDS <= set(parsed)
+    assert parsed["queue_ms"] == 500.0
+    assert parsed["e2e_ms"] == 2000.0
+    assert parsed["ttft_ms"] is None and parsed["backend_ttft_ms"] is None
+    assert parsed["tpot_ms"] is None and parsed["completion_tokens"] is None
+    assert "null" in line  # absent, not left out and not made up
+
+
+def test_a_lone_surrogate_in_the_model_name_cannot_break_the_log_stream() -> None:
+    stream, raw = strict_utf8_stream()
+    log = RequestLog(stream)
+    log.request(record(request_id="bad", model="\ud800x\udfff"))  # what JSON can spell
+    log.request(record(request_id="next", model="Modèle-é"))
+    lines = written_lines(stream, raw)[:-1]  # decodes as ASCII, or this raises
+    parsed = [json.loads(line) for line in lines]
+    assert [p["request_id"] for p in parsed] == ["bad", "next"]
+    assert parsed[0]["model"] == "\ud800x\udfff"
+    assert parsed[1]["model"] == "Modèle-é"
+    assert "\\ud800" in lines[0] and "\\u00e8" in lines[1]
+
+
+def test_a_string_enum_outcome_is_logged_as_its_value() -> None:
+    class Outcome(StrEnum):
+        QUEUE_TIMEOUT = "queue_timeout"
+
+    stream, raw = strict_utf8_stream()
+    RequestLog(stream).request(record(outcome=Outcome.QUEUE_TIMEOUT))
+    (line, _) = written_lines(stream, raw)
+    assert json.loads(line)["outcome"] == "queue_timeout"
+
+
+def test_the_level_filters_lifecycle_events() -> None:
+    stream = io.StringIO()
+    logger = make_logger(stream, level="warning")
+    logger.info("started")
+    logger.warning("redis_unavailable", detail="x")
+    (line,) = stream.getvalue().splitlines()
+    assert json.loads(line)["event"] == "redis_unavailable"
+
+
+async def test_prompt_text_is_never_logged(
+    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    gateway = await start_gateway([await start_simulator_at()])
+    secret = "zebra-quartz-7731 is the password"
+    for body in (
+        chat(secret, max_tokens=2),
+        chat(secret, max_tokens=2, stream=True),
+        {"model": "sim-model", "prompt": secret, "max_tokens": 2},
+    ):
+        route = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        async with http.post(gateway.url + route, json=body) as resp:
+            await resp.read()
+            assert resp.status == 200
+    log = gateway.log.getvalue()
+    assert len(gateway.request_lines()) == 3
+    assert "zebra" not in log
+    for line in gateway.request_lines():
+        assert not {"messages", "prompt", "content", "inputs"} & set(line)
+        assert line["prompt_tokens"] > 0  # counted, not copied
