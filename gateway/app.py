@@ -18,6 +18,7 @@ from gateway.http import openai, openapi, ops, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
+from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import clock
 from gateway.scheduling.scheduler import Scheduler
@@ -49,17 +50,20 @@ def build_app(
     pool.on_available = scheduler.notify_capacity
     metrics = GatewayMetrics()
     metrics.watch(scheduler, pool)
+    loop_lag = LoopLagMonitor(metrics.registry)
     state = GatewayState(
         settings=settings,
         counter=counter,
         pool=pool,
         scheduler=scheduler,
         metrics=metrics,
-        request_log=RequestLog(log_stream),
+        # On stdout the lines are written by a thread (a stalled pipe never blocks the loop).
+        request_log=RequestLog(log_stream, background=log_stream is None),
         upstream=UpstreamClient(settings.timeouts),
         events=make_logger(sys.stderr, settings.logging.level),
         health=HealthMonitor(pool, settings.health),
         keys=ClientKeys(settings.api_keys),
+        loop_lag=loop_lag,
     )
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -85,10 +89,13 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[GATEWAY]
     await state.upstream.start()
     await state.health.start()
+    await state.loop_lag.start()
     yield
+    await state.loop_lag.stop()
     await state.health.stop()
     await state.upstream.close()
     state.counter.close()
+    state.request_log.close()
 
 
 async def drain(app: web.Application, timeout_s: float) -> int:

@@ -11,6 +11,7 @@ from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter
 from gateway.config import Settings
 from gateway.observability.logs import RequestLog
+from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import RequestRecord
 from gateway.scheduling.scheduler import Scheduler
@@ -32,6 +33,7 @@ class GatewayState:
     events: Any
     health: HealthMonitor
     keys: ClientKeys
+    loop_lag: LoopLagMonitor
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
     draining: bool = False
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -44,6 +45,12 @@ REPLY_PRIMING_TOKENS = 3
 IMAGE_PART_TOKENS = 85
 #: Per tool definition: OpenAI wraps each function in a few template tokens.
 TOKENS_PER_TOOL = 8
+
+
+#: Texts up to this long have their counts cached (a hit costs ~0.05 us, a 300-character
+#: encode ~10 us); at most CACHED_TEXTS of them, so the cache stays under a few MB.
+CACHED_TEXT_MAX_CHARS = 2048
+CACHED_TEXTS = 2048
 
 
 class EncodingUnavailable(RuntimeError):
@@ -196,6 +203,9 @@ class TokenCounter:
     ) -> None:
         self.encoding = encoding
         self.offload_min_chars = offload_min_chars
+        encode = encoding.encode_ordinary
+        # Roles, names and system prompts come back on every request: count them once.
+        self._count_cached = functools.lru_cache(maxsize=CACHED_TEXTS)(lambda t: len(encode(t)))
         # One low-priority worker: big prompts are rare, and on a small machine two busy
         # encoder threads would take the cores the event loop needs to relay streams.
         self._executor = executor or ThreadPoolExecutor(
@@ -206,8 +216,11 @@ class TokenCounter:
         return sum(self._count_each(texts))
 
     def _count_each(self, texts: Sequence[str]) -> list[int]:
-        encode = self.encoding.encode_ordinary
-        return [len(encode(text)) for text in texts]
+        encode, cached = self.encoding.encode_ordinary, self._count_cached
+        return [
+            cached(text) if len(text) <= CACHED_TEXT_MAX_CHARS else len(encode(text))
+            for text in texts
+        ]
 
     def count(self, parts: PromptParts) -> int:
         return self.measure(parts).total

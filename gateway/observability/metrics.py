@@ -9,7 +9,7 @@ Each app gets its own registry so several gateways can live in one process
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -97,29 +97,61 @@ class GatewayMetrics:
             ["lane"],
             registry=r,
         )
+        # Label children looked up once per label set, not on every request.
+        self._request_counters: dict[tuple[str, str, int | None], Any] = {}
+        self._lane_series: dict[str, _LaneSeries] = {}
 
     def observe(self, record: RequestRecord) -> None:
-        lane = record.lane or "none"
-        self.requests.labels(lane, record.outcome or "unknown", str(record.status or 0)).inc()
-        if record.lane is None:
+        lane = record.lane
+        key = (lane or "none", record.outcome or "unknown", record.status)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self.requests.labels(key[0], key[1], str(record.status or 0))
+            self._request_counters[key] = counter
+        counter.inc()
+        if lane is None:
             return
+        series = self._lane_series.get(lane)
+        if series is None:
+            series = self._lane_series[lane] = self._series_of(lane)
         for histogram, value_ms in (
-            (self.queue_wait, record.queue_ms),
-            (self.ttft, record.ttft_ms),
-            (self.backend_ttft, record.backend_ttft_ms),
-            (self.tpot, record.tpot_ms),
-            (self.e2e, record.e2e_ms),
+            (series.queue_wait, record.queue_ms),
+            (series.ttft, record.ttft_ms),
+            (series.backend_ttft, record.backend_ttft_ms),
+            (series.tpot, record.tpot_ms),
+            (series.e2e, record.e2e_ms),
         ):
             if value_ms is not None:
-                histogram.labels(lane).observe(value_ms / 1000.0)
+                histogram.observe(value_ms / 1000.0)
         if record.dispatched is not None and record.prompt_tokens:
-            self.prompt_tokens.labels(lane).inc(record.prompt_tokens)
+            series.prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens:
-            self.completion_tokens.labels(lane).inc(record.completion_tokens)
+            series.completion_tokens.inc(record.completion_tokens)
+
+    def _series_of(self, lane: str) -> _LaneSeries:
+        return _LaneSeries(
+            self.queue_wait.labels(lane),
+            self.ttft.labels(lane),
+            self.backend_ttft.labels(lane),
+            self.tpot.labels(lane),
+            self.e2e.labels(lane),
+            self.prompt_tokens.labels(lane),
+            self.completion_tokens.labels(lane),
+        )
 
     def watch(self, scheduler: Scheduler, pool: BackendPool) -> None:
         """Export queue depth and in-flight gauges read live from the scheduler and pool."""
         self.registry.register(_LiveGauges(scheduler, pool))
+
+
+class _LaneSeries(NamedTuple):
+    queue_wait: Any
+    ttft: Any
+    backend_ttft: Any
+    tpot: Any
+    e2e: Any
+    prompt_tokens: Any
+    completion_tokens: Any
 
 
 class _LiveGauges(Collector):

@@ -149,6 +149,12 @@ class Scheduler:
                     f"over its {settings.queue_timeout_s:g} s limit.",
                     retry_after_s=self._retry_after(lane),
                 )
+        if lane.in_flight < lane.slot_limit and not any(other.queue for other in self._lanes):
+            # Nobody waits anywhere: what dispatching would do, without queueing a future.
+            slot = self._source.try_take(name, prompt_tokens, output_tokens)
+            if slot is not None:
+                lane.in_flight += 1
+                return Grant(name, slot, 0.0, now)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(now, prompt_tokens, output_tokens, loop.create_future())
         lane.queue.append(waiter)

@@ -9,17 +9,20 @@ client sees the stream it asked for.
 
 Hot path: once the first token has passed, the complete events of a chunk
 (cut at the last event boundary with one `rfind`) are forwarded as they are
-after a few substring checks; only chunks that may hold the usage or an error
-are split into events. Every step is linear in the chunk: a slow client makes
-aiohttp hand over big buffers, and a quadratic scan there would make it slower
-still.
+after a few substring checks; only the events from the first one that may hold
+the usage or an error are split and read (a fast backend's last buffer holds
+hundreds of token events before its usage chunk). Every step is linear in the
+chunk: a slow client makes aiohttp hand over big buffers, and a quadratic scan
+there would make it slower still. Events that are read are decoded with
+msgspec, several times faster than `json` on these small objects.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+import msgspec
 
 USAGE_MARKER = b'"usage"'
 #: A JSON key "error" (inside string values quotes are escaped, so text cannot match).
@@ -32,6 +35,15 @@ MAX_PENDING_BYTES = 1 << 20
 
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_decode = msgspec.json.Decoder().decode
+
+
+def _json(payload: bytes) -> Any:
+    """The payload's JSON value; None when it is not JSON (not ours to judge)."""
+    try:
+        return _decode(payload)
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def _complete_length(data: bytes) -> int:
@@ -95,8 +107,8 @@ def has_content(chunk: Any) -> bool:
 class StreamWatcher:
     """Feeds on raw chunks, returns the bytes to forward, notes first token and the end.
 
-    Subclasses say what an event means (`_inspect`) and which chunks can be
-    forwarded without looking (`_boring`) once the first token has passed.
+    Subclasses say what an event means (`_inspect`) and, once the first token
+    has passed, from where on a chunk must be read at all (`_read_from`).
     """
 
     __slots__ = (
@@ -118,7 +130,8 @@ class StreamWatcher:
         self.backend_error = False
         self._rest = b""
 
-    def _boring(self, chunk: bytes) -> bool:
+    def _read_from(self, chunk: bytes) -> int:
+        """Offset of the first event of `chunk` (whole events) that must be read."""
         raise NotImplementedError
 
     def _inspect(self, event: bytes) -> bool:
@@ -135,11 +148,14 @@ class StreamWatcher:
         self._rest = chunk[complete:]
         if complete < len(chunk):
             chunk = chunk[:complete]
-        if not chunk or (self.first_token_seen and self._boring(chunk)):
+        start = self._read_from(chunk) if self.first_token_seen else 0
+        if start >= len(chunk):
             return chunk
-        events = _split_events(chunk)
+        events = _split_events(chunk[start:] if start else chunk)
         kept = [event for event in events if self._inspect(event)]
-        return chunk if len(kept) == len(events) else b"".join(kept)
+        if len(kept) == len(events):
+            return chunk
+        return chunk[:start] + b"".join(kept)
 
     def flush(self) -> bytes:
         """Whatever unterminated bytes remain when the backend closes the stream."""
@@ -155,12 +171,16 @@ class OpenAIStreamWatcher(StreamWatcher):
 
     __slots__ = ()
 
-    def _boring(self, chunk: bytes) -> bool:
-        if USAGE_MARKER in chunk or ERROR_MARKER in chunk:
-            return False
-        if not self.done and DONE_PAYLOAD in chunk:
-            self.done = any(event_data(e) == DONE_PAYLOAD for e in _split_events(chunk))
-        return True
+    def _read_from(self, chunk: bytes) -> int:
+        marker = chunk.find(USAGE_MARKER)
+        error = chunk.find(ERROR_MARKER)
+        if error >= 0 and (marker < 0 or error < marker):
+            marker = error
+        boring = chunk if marker < 0 else chunk[:marker]
+        if not self.done and DONE_PAYLOAD in boring:
+            self.done = any(event_data(e) == DONE_PAYLOAD for e in _split_events(boring))
+        # The events before the one holding the marker are token events: not read.
+        return len(chunk) if marker < 0 else _complete_length(boring)
 
     def _inspect(self, event: bytes) -> bool:
         """Note what the event tells; False when it must not reach the client."""
@@ -173,11 +193,8 @@ class OpenAIStreamWatcher(StreamWatcher):
         has_usage = USAGE_MARKER in payload
         if self.first_token_seen and not has_usage and ERROR_MARKER not in payload:
             return True
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            return True  # not ours to judge: forward it unchanged
-        if not isinstance(chunk, dict):
+        chunk = _json(payload)
+        if not isinstance(chunk, dict):  # not ours to judge: forward it unchanged
             return True
         if not self.first_token_seen and has_content(chunk):
             self.first_token_seen = True
@@ -206,13 +223,13 @@ class TgiStreamWatcher(StreamWatcher):
 
     __slots__ = ()
 
-    def _boring(self, chunk: bytes) -> bool:
+    def _read_from(self, chunk: bytes) -> int:
         # Every event is a non-final token event (no allocation: counts, not splits).
         events = chunk.count(b"data:")
         if events != chunk.count(TGI_NOT_FINAL):
-            return False
+            return 0
         self.completion_tokens = (self.completion_tokens or 0) + events
-        return True
+        return len(chunk)
 
     def _inspect(self, event: bytes) -> bool:
         payload = event_data(event)
@@ -221,10 +238,7 @@ class TgiStreamWatcher(StreamWatcher):
         if self.first_token_seen and TGI_NOT_FINAL in payload:
             self.completion_tokens = (self.completion_tokens or 0) + 1
             return True
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            return True
+        chunk = _json(payload)
         if not isinstance(chunk, dict):
             return True
         if "error" in chunk:  # TGI ends a failed stream with its error event

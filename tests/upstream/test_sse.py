@@ -76,3 +76,30 @@ def test_tgi_stream_first_token_final_details_and_errors() -> None:
     failed = TgiStreamWatcher()
     failed.feed(b'data:{"error":"boom","error_type":"generation"}\n\n')
     assert failed.done and failed.backend_error
+
+
+def test_a_fast_backends_last_buffer_is_read_only_from_its_usage_event() -> None:
+    """Hundreds of token events then the usage chunk in one buffer: the token events are
+    forwarded unread, the usage is still found and stripped, [DONE] still seen."""
+    inspected: list[bytes] = []
+
+    class Counting(OpenAIStreamWatcher):
+        def _inspect(self, event: bytes) -> bool:
+            inspected.append(event)
+            return super()._inspect(event)
+
+    watcher = Counting(strip_usage=True)
+    watcher.feed(ROLE + TOKEN)
+    inspected.clear()
+    out = watcher.feed(TOKEN * 500 + USAGE + DONE)
+    assert out == TOKEN * 500 + DONE
+    assert inspected == [USAGE, DONE]
+    assert watcher.done and watcher.completion_tokens == 3
+
+
+def test_an_error_before_the_usage_is_still_read() -> None:
+    error = b'data: {"error":{"message":"boom"}}\n\n'
+    watcher = OpenAIStreamWatcher(strip_usage=False)
+    watcher.feed(ROLE + TOKEN)
+    assert watcher.feed(TOKEN * 3 + error + USAGE) == TOKEN * 3 + error + USAGE
+    assert watcher.backend_error and watcher.completion_tokens == 3

@@ -38,11 +38,13 @@ SLOWEST_LISTED = 20
 VERDICT_TEXT = {
     "queueing": "queueing-bound → scheduling (lanes, slots, fail-fast)",
     "backend": "backend-bound → capacity or request size",
+    "gateway": "gateway-bound → the gateway's own work (see gateway_event_loop_lag_seconds)",
     "unknown": "no verdict → the slowest were refused at admission (see rejections)",
 }
 VERDICT_RULE = (
     f"A lane is queueing-bound when its slowest requests spent more than "
-    f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued"
+    f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued; gateway-bound when "
+    f"the gateway's own time (admission, relay) was more than either"
 )
 
 Record = dict[str, Any]
@@ -201,12 +203,21 @@ def slowest(records: Iterable[Record], count: int | None = None) -> list[dict[st
     return ranked if count is None else ranked[:count]
 
 
-def verdict(queue_ms: float, backend_ms: float, threshold: float = QUEUE_BOUND_SHARE) -> str:
+def verdict(
+    queue_ms: float,
+    backend_ms: float,
+    threshold: float = QUEUE_BOUND_SHARE,
+    gateway_ms: float = 0.0,
+) -> str:
     """'queueing' when the queue holds more than `threshold` of queue + backend time.
 
-    Otherwise 'backend'; 'unknown' when neither took any time (e.g. the tail is
-    requests refused at the door), because guessing would send on-call the wrong way.
+    'gateway' first, when the gateway's own time is more than the queue's and the
+    backend's (the gateway itself is the delay: a busy loop); otherwise 'backend';
+    'unknown' when nothing took any time (e.g. the tail is requests refused at the
+    door), because guessing would send on-call the wrong way.
     """
+    if gateway_ms > 0 and gateway_ms > queue_ms and gateway_ms > backend_ms:
+        return "gateway"
     both = queue_ms + backend_ms
     if both <= 0:
         return "unknown"
@@ -230,7 +241,9 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
     def share(part: str) -> float | None:
         return _round(sums[part] / sums["total_ms"], 4) if sums["total_ms"] > 0 else None
 
-    kind = verdict(sums["queue_ms"], sums["backend_ms"]) if tail else None
+    # The gateway's time in the path of a first token (admission, relay), not a refusal's.
+    in_path = sum(b["gateway_ms"] for b in tail if b["measure"] == "ttft_ms")
+    kind = verdict(sums["queue_ms"], sums["backend_ms"], gateway_ms=in_path) if tail else None
     return {
         "fraction": fraction,
         "size": size,

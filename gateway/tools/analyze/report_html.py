@@ -38,7 +38,12 @@ from gateway.tools.stats import percentile
 QUEUE_COLOUR = "#e6550d"
 BACKEND_COLOUR = "#3182bd"
 GATEWAY_COLOUR = "#a8a8a8"
-VERDICT_COLOUR = {"queueing": QUEUE_COLOUR, "backend": BACKEND_COLOUR, "unknown": "#777777"}
+VERDICT_COLOUR = {
+    "queueing": QUEUE_COLOUR,
+    "backend": BACKEND_COLOUR,
+    "gateway": GATEWAY_COLOUR,
+    "unknown": "#777777",
+}
 LANE_COLOURS = ("#1b9e77", "#7570b3", "#d95f02", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 #: Not-ok outcomes over time: away from the queue/backend orange and blue.
 REFUSAL_COLOURS = ("#c51b7d", "#54278f", "#4d4d4d", "#8c510a", "#b2182b", "#35978f", "#dfc27d")

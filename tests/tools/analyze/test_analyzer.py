@@ -172,3 +172,14 @@ def test_time_axis_is_rebuilt_from_end_minus_e2e() -> None:
         "end": "2026-01-01T00:00:10.000Z",
         "seconds": 3.0,
     }
+
+
+def test_a_tail_spent_in_the_gateway_itself_is_gateway_bound() -> None:
+    """TTFT 50 ms of which 2 queued and 3 in the backend: the gateway's own loop is the delay."""
+    slow = [rec(queue=2.0, backend=3.0, ttft_ms=50.0, e2e=60.0) for _ in range(10)]
+    tail = analyze(slow)["lanes"]["interactive"]["tail"]
+    assert tail["verdict"] == "gateway"
+    assert tail["verdict_text"] == VERDICT_TEXT["gateway"]
+    # The same split with the backend slower than the gateway's share stays backend-bound.
+    fine = [rec(queue=2.0, backend=40.0, ttft_ms=50.0, e2e=60.0) for _ in range(10)]
+    assert analyze(fine)["lanes"]["interactive"]["tail"]["verdict"] == "backend"
