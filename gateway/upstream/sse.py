@@ -28,6 +28,9 @@ USAGE_MARKER = b'"usage"'
 #: A JSON key "error" (inside string values quotes are escaped, so text cannot match).
 ERROR_MARKER = b'"error"'
 DONE_PAYLOAD = b"[DONE]"
+#: How far from a chunk's end a [DONE] is looked for (it ends the stream: nothing follows
+#: it but maybe a comment). A partial first event in this window never reads as [DONE].
+DONE_WINDOW = 256
 EVENT_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 #: A backend that never ends an event cannot make the gateway buffer without bound:
 #: past this, the pending bytes are forwarded unread.
@@ -141,13 +144,14 @@ class StreamWatcher:
         """Bytes to send to the client now (may be empty while an event is incomplete)."""
         if self._rest:
             chunk = self._rest + chunk
-        complete = _complete_length(chunk)
-        if len(chunk) - complete > MAX_PENDING_BYTES:
             self._rest = b""
-            return chunk
-        self._rest = chunk[complete:]
-        if complete < len(chunk):
-            chunk = chunk[:complete]
+        if not chunk.endswith(b"\n\n"):  # (whole events, the common case, skip all this)
+            complete = _complete_length(chunk)
+            if len(chunk) - complete > MAX_PENDING_BYTES:
+                return chunk
+            if complete < len(chunk):
+                self._rest = chunk[complete:]
+                chunk = chunk[:complete]
         start = self._read_from(chunk) if self.first_token_seen else 0
         if start >= len(chunk):
             return chunk
@@ -177,8 +181,10 @@ class OpenAIStreamWatcher(StreamWatcher):
         if error >= 0 and (marker < 0 or error < marker):
             marker = error
         boring = chunk if marker < 0 else chunk[:marker]
-        if not self.done and DONE_PAYLOAD in boring:
-            self.done = any(event_data(e) == DONE_PAYLOAD for e in _split_events(boring))
+        # [DONE] is a stream's last event: looked for at the end of the chunk only.
+        last = boring[-DONE_WINDOW:]
+        if not self.done and DONE_PAYLOAD in last:
+            self.done = any(event_data(e) == DONE_PAYLOAD for e in _split_events(last))
         # The events before the one holding the marker are token events: not read.
         return len(chunk) if marker < 0 else _complete_length(boring)
 

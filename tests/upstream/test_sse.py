@@ -103,3 +103,11 @@ def test_an_error_before_the_usage_is_still_read() -> None:
     watcher.feed(ROLE + TOKEN)
     assert watcher.feed(TOKEN * 3 + error + USAGE) == TOKEN * 3 + error + USAGE
     assert watcher.backend_error and watcher.completion_tokens == 3
+
+
+def test_done_followed_by_a_comment_in_the_same_chunk_still_ends_the_stream() -> None:
+    watcher = OpenAIStreamWatcher(strip_usage=False)
+    watcher.feed(ROLE + TOKEN)
+    stream = TOKEN * 40 + DONE + b": bye\n\n"
+    assert watcher.feed(stream) == stream
+    assert watcher.done
