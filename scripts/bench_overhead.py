@@ -837,11 +837,17 @@ def flame_svg(stacks: dict[tuple[str, ...], float], title: str) -> str:
 
 
 #: Stacks that end in a wait: the loop in epoll_wait, a pool thread parked in
-#: `work_queue.get()` (the leaf is `_worker` itself, in C). py-spy's idle detection
-#: misses them on this kind of VM; they are not CPU the gateway spends, so they are
-#: left out (a busy loop's epoll_wait(0) calls go with them: ~2% of a busy profile).
+#: `work_queue.get()` (the leaf is `_worker` itself, in C), the request-log writer
+#: parked in its queue's `get()`. py-spy's idle detection misses them on this kind of
+#: VM; they are not CPU the gateway spends, so they are left out (a busy loop's
+#: epoll_wait(0) calls go with them, ~2% of a busy profile, and the writer's own
+#: writes, one per burst of lines).
 IDLE_LEAVES = frozenset(
-    {"_worker (concurrent/futures/thread.py)", "EpollSelector.select (selectors.py)"}
+    {
+        "_worker (concurrent/futures/thread.py)",
+        "EpollSelector.select (selectors.py)",
+        "RequestLog._write_lines (gateway/observability/logs.py)",
+    }
 )
 
 
