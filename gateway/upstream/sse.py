@@ -152,7 +152,26 @@ class StreamWatcher:
             if complete < len(chunk):
                 self._rest = chunk[complete:]
                 chunk = chunk[:complete]
-        start = self._read_from(chunk) if self.first_token_seen else 0
+        if self.first_token_seen:
+            return self._forward(chunk)
+        # Until the first token every event is read; from it on, the rest as above.
+        kept: list[bytes] = []
+        position = 0
+        for match in _EVENT_END.finditer(chunk):
+            event = chunk[position : match.end()]
+            position = match.end()
+            if self._inspect(event):
+                kept.append(event)
+            if self.first_token_seen:
+                break
+        rest = chunk[position:]
+        if rest:
+            kept.append(self._forward(rest) if self.first_token_seen else rest)
+        return b"".join(kept)
+
+    def _forward(self, chunk: bytes) -> bytes:
+        """Whole events after the first token: read only from `_read_from` on."""
+        start = self._read_from(chunk)
         if start >= len(chunk):
             return chunk
         events = _split_events(chunk[start:] if start else chunk)

@@ -111,3 +111,20 @@ def test_done_followed_by_a_comment_in_the_same_chunk_still_ends_the_stream() ->
     stream = TOKEN * 40 + DONE + b": bye\n\n"
     assert watcher.feed(stream) == stream
     assert watcher.done
+
+
+def test_events_after_the_first_token_in_the_first_chunk_are_not_read() -> None:
+    """The first chunk of a fast backend holds the role, the first token and many more:
+    once the first token has passed, the rest goes the boring way (usage still found)."""
+    inspected: list[bytes] = []
+
+    class Counting(OpenAIStreamWatcher):
+        def _inspect(self, event: bytes) -> bool:
+            inspected.append(event)
+            return super()._inspect(event)
+
+    watcher = Counting(strip_usage=True)
+    out = watcher.feed(ROLE + TOKEN * 30 + USAGE + DONE)
+    assert out == ROLE + TOKEN * 30 + DONE
+    assert inspected == [ROLE, TOKEN, USAGE, DONE]
+    assert watcher.first_token_seen and watcher.done and watcher.completion_tokens == 3
