@@ -657,6 +657,29 @@ def medians(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def stream_load_table(runs: dict[str, list[dict[str, Any]]], title: str) -> dict[str, Any]:
+    """S2 and S2w: medians of the rounds, p99 over direct paired by round, printed."""
+    table = medians(runs)
+    for name in table:
+        table[name]["added_p99_ms"] = paired_delta(runs, name, DIRECT, "ttft_p99_ms")
+    print_table(
+        title,
+        table,
+        [
+            ("ttft_p50_ms", "TTFT p50 ms", ".3f"),
+            ("ttft_p99_ms", "TTFT p99 ms", ".3f"),
+            ("added_p99_ms", "+p99 vs dir", ".3f"),
+            ("req_per_s", "req/s", ".1f"),
+            ("proxy_cpu_ms_per_req", "CPU ms/req", ".3f"),
+            ("proxy_cpu_pct", "proxy CPU%", ".0f"),
+            ("mock_cpu_pct", "mock CPU%", ".0f"),
+            ("errors", "errors", ".0f"),
+        ],
+        ratio_rows(table),
+    )
+    return table
+
+
 def ratio_of(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
     return a[key] / b[key] if a.get(key) and b.get(key) else None
 
@@ -1122,25 +1145,10 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> list[Check]:
             Check("S1 added TTFT p99 (ms)", gw.get("added_p99_ms"), 2.0, "gateway over direct")
         )
     if "s2" in raw:
-        table = medians(raw["s2"])
-        for name in table:
-            table[name]["added_p99_ms"] = paired_delta(raw["s2"], name, DIRECT, "ttft_p99_ms")
-        summary["s2"] = table
-        print_table(
-            "S2  concurrency 64, 64-token streams at 10 ms/token (medians of rounds)",
-            table,
-            [
-                ("ttft_p50_ms", "TTFT p50 ms", ".3f"),
-                ("ttft_p99_ms", "TTFT p99 ms", ".3f"),
-                ("added_p99_ms", "+p99 vs dir", ".3f"),
-                ("req_per_s", "req/s", ".1f"),
-                ("proxy_cpu_ms_per_req", "CPU ms/req", ".3f"),
-                ("proxy_cpu_pct", "proxy CPU%", ".0f"),
-                ("mock_cpu_pct", "mock CPU%", ".0f"),
-                ("errors", "errors", ".0f"),
-            ],
-            ratio_rows(table),
+        table = stream_load_table(
+            raw["s2"], "S2  concurrency 64, 64-token streams at 10 ms/token (medians of rounds)"
         )
+        summary["s2"] = table
         gw, pt = table.get(GATEWAY, {}), table.get(PASSTHROUGH, {})
         checks.append(
             Check("S2 TTFT p99 over direct (ms)", gw.get("added_p99_ms"), 3.0, "paired by round")
@@ -1154,24 +1162,11 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> list[Check]:
             )
         )
     if "s2w" in raw:
-        table = medians(raw["s2w"])
-        for name in table:
-            table[name]["added_p99_ms"] = paired_delta(raw["s2w"], name, DIRECT, "ttft_p99_ms")
-        summary["s2w"] = table
-        print_table(
+        table = stream_load_table(
+            raw["s2w"],
             "S2w concurrency 64, 64-token streams at 10 ms/token, synchronized waves (medians)",
-            table,
-            [
-                ("ttft_p50_ms", "TTFT p50 ms", ".3f"),
-                ("ttft_p99_ms", "TTFT p99 ms", ".3f"),
-                ("added_p99_ms", "+p99 vs dir", ".3f"),
-                ("req_per_s", "req/s", ".1f"),
-                ("proxy_cpu_ms_per_req", "CPU ms/req", ".3f"),
-                ("proxy_cpu_pct", "proxy CPU%", ".0f"),
-                ("errors", "errors", ".0f"),
-            ],
-            ratio_rows(table),
         )
+        summary["s2w"] = table
         gw, pt = table.get(GATEWAY, {}), table.get(PASSTHROUGH, {})
         over_passthrough = paired_delta(raw["s2w"], GATEWAY, PASSTHROUGH, "ttft_p99_ms")
         checks.append(

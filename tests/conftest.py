@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,13 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+def free_port() -> int:
+    """A port nothing listens on now, for a server a test starts as a process."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def chat(prompt: str = "Hello there!", **extra: Any) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import StartGateway, StartSimulator, chat
+from tests.conftest import StartGateway, StartSimulator, chat, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHINESE = "请用三句话解释排队论。日本語も少し。🙂"
@@ -136,19 +135,13 @@ def members(answer: Any, path: str | None = None) -> Any:
     return sorted(answer)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_timings_are_sub_millisecond_under_uvloop(
     start_simulator_at: StartSimulator, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """`serve` runs on uvloop, whose loop.time() ticks in whole ms: records must not use it."""
     pytest.importorskip("uvloop")
     sim = await start_simulator_at()
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "serve", "--backend", sim, "--port", str(port),

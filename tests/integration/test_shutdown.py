@@ -5,21 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import StartSimulator, chat
+from tests.conftest import StartSimulator, chat, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_sigterm_drains_and_exits_zero(
