@@ -112,6 +112,31 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+#: The fields DESIGN.md promises on every request log line.
+DOCUMENTED_LOG_FIELDS = frozenset(
+    {
+        "event",
+        "request_id",
+        "route",
+        "model",
+        "stream",
+        "lane",
+        "backend",
+        "status",
+        "outcome",
+        "prompt_tokens",
+        "max_tokens_requested",
+        "max_tokens",
+        "completion_tokens",
+        "queue_ms",
+        "backend_ttft_ms",
+        "ttft_ms",
+        "tpot_ms",
+        "e2e_ms",
+    }
+)
+
+
 def free_port() -> int:
     """A port nothing listens on now, for a server a test starts as a process."""
     with socket.socket() as probe:
