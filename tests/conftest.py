@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import socket
@@ -142,6 +143,21 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 10.0) -> None:
+    """Until a gateway started as a process answers /readyz with 200 (or the time runs out)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        try:
+            async with http.get(url + "/readyz") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{url}/readyz did not answer 200 within {timeout_s:g} s")
 
 
 def chat(prompt: str = "Hello there!", **extra: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from tests.conftest import StartGateway, StartSimulator, chat, free_port
+from tests.conftest import StartGateway, StartSimulator, chat, free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 CHINESE = "请用三句话解释排队论。日本語も少し。🙂"
@@ -155,14 +155,7 @@ async def test_timings_are_sub_millisecond_under_uvloop(
             started = await asyncio.wait_for(process.stderr.readline(), 20)
             assert started, "the gateway exited"
         assert json.loads(started)["event_loop"] == "uvloop"
-        for _ in range(200):
-            try:
-                async with http.get(url + "/readyz") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
+        await wait_ready(http, url)
         for _ in range(5):
             async with http.post(
                 url + "/v1/chat/completions", json=chat(stream=True, max_tokens=3)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.conftest import StartSimulator, chat, free_port
+from tests.conftest import StartSimulator, chat, free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,14 +42,7 @@ async def test_sigterm_drains_and_exits_zero(
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
-            try:
-                async with http.get(url + "/readyz") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
+        await wait_ready(http, url)
         stream = await http.post(
             url + "/v1/chat/completions", json=chat(max_tokens=250, stream=True)
         )
