@@ -13,7 +13,7 @@ LOGGED = sh -c 'touch "$$0"; size=$$(wc -c < "$$0"); echo "+ $$*" >> "$$0"; "$$@
 	echo "make: the step above failed (exit $$status); the whole log is $$0" >&2; exit $$status' \
 	$(INSTALL_LOG)
 
-.PHONY: run test test-fast lint simulate check-config bench bench-trace bench-real bench-overhead bench-loop-lag clean
+.PHONY: run test test-fast lint simulate check-config bench bench-trace bench-prefill-heavy bench-two-speed bench-real bench-overhead bench-loop-lag clean
 
 $(PY):
 	@mkdir -p $(VENV)
@@ -52,6 +52,14 @@ bench: $(STAMP)
 
 bench-trace: $(STAMP)
 	$(PY) scripts/bench_tail.py --scenario trace $(ARGS)
+
+## bench-prefill-heavy: the tail benchmark with code-completion-like traffic (long prompts, short outputs)
+bench-prefill-heavy: $(STAMP)
+	$(PY) scripts/bench_tail.py --mix prefill-heavy $(ARGS)
+
+## bench-two-speed: a fast and a 4x slower backend: does the gateway learn which is which?
+bench-two-speed: $(STAMP)
+	$(PY) scripts/bench_two_speed.py $(ARGS)
 
 ## bench-real: the tail benchmark against llama.cpp's server + Gemma 3 270M (builds once, ~10 min)
 bench-real: $(STAMP)

@@ -11,10 +11,13 @@ long by default, or a window of the Azure LLM inference trace) to:
   short-only  the short requests alone, direct (the isolation ideal)
 
 at two loads: ~80% of the backend's measured capacity, and 120% (overload).
-It prints one table per load, checks the targets of the product (see TARGETS
-below) and writes JSON plus each gateway's request log (for `gateway analyze`).
+It prints one table per load, checks the targets of the product (`check_targets`;
+`check_prefill_heavy_targets` for the prefill-heavy mix), prints how well the lanes
+gateway predicted waits (from its request log, when it logs predictions) and
+writes JSON plus each gateway's request log (for `gateway analyze`).
 
     python scripts/bench_tail.py                      # simulator, default mix, 60 s per run
+    python scripts/bench_tail.py --mix prefill-heavy  # code-completion-like: long prompts
     python scripts/bench_tail.py --scenario trace     # the Azure trace, scaled to the backend
     python scripts/bench_tail.py --backend URL --slots 4   # a real backend (llama.cpp ...)
 
@@ -30,26 +33,28 @@ import asyncio
 import dataclasses
 import json
 import math
-import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import free_port, wait_ready
+from benchlib import Process
+from benchlib import start_gateway as start_gateway_process
+from benchlib import start_simulator as start_simulator_process
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gateway.tools.analyze.analyzer import load_records, predictor_accuracy  # noqa: E402
 from gateway.tools.loadgen import (  # noqa: E402
     DEFAULT_MIX,
+    NAMED_MIXES,
     PlannedRequest,
     RunResult,
     TrafficClass,
     closed_schedule,
-    load_mix,
     poisson_schedule,
+    resolve_mix,
     run_closed_loop,
     run_open_loop,
     summarize_run,
@@ -67,32 +72,8 @@ TTFT_SLO_MS = {"short": 5_000.0, "long": 30_000.0}
 EXTRA_BODY: dict[str, Any] = {}
 
 
-@dataclass
-class Process:
-    name: str
-    url: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path | None = None
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-
-
 async def start_simulator() -> Process:
-    port = free_port()
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "simulate", "--port", str(port)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
-    process = Process("simulator", f"http://127.0.0.1:{port}", popen)
-    await wait_ready(process.url, "/health")
-    return process
+    return await start_simulator_process()
 
 
 #: TOML appended to the lanes gateway's config (`--lanes-config FILE`), to try other lanes.
@@ -113,21 +94,12 @@ def gateway_config(kind: str, backend: str, slots: int) -> str:
 
 
 async def start_gateway(kind: str, backend: str, slots: int, out_dir: Path, tag: str) -> Process:
-    port = free_port()
-    config = out_dir / f"{tag}-{kind}.toml"
-    config.write_text(gateway_config(kind, backend, slots))
-    log_path = out_dir / f"{tag}-{kind}.log"
-    log = log_path.open("w")
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.DEVNULL,
-        env={k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+    return await start_gateway_process(
+        kind,
+        gateway_config(kind, backend, slots),
+        out_dir / f"{tag}-{kind}.toml",
+        out_dir / f"{tag}-{kind}.log",
     )
-    process = Process(kind, f"http://127.0.0.1:{port}", popen, log_path)
-    await wait_ready(process.url, "/readyz")
-    return process
 
 
 # ------------------------------------------------------------------------- calibration
@@ -367,11 +339,104 @@ def check_targets(
     return checks
 
 
+def check_prefill_heavy_targets(
+    rows: dict[str, Row], overload: bool
+) -> list[tuple[str, bool, str]]:
+    """The prefill-heavy mix's promises: cost nothing below capacity, protect short above it.
+
+    When nearly every request is a long prefill there is little for lanes to
+    reorder, so below capacity the gateway must simply not get in the way (each
+    class's tail and the work done as direct's); above it the few short
+    requests must still jump the prefill queue.
+    """
+    direct, lanes = rows["direct"], rows["lanes"]
+    checks: list[tuple[str, bool, str]] = []
+    if overload:
+        s_direct = pct(class_stats(direct, "short"), "ttft_ms", "p99") or math.inf
+        s_lanes = pct(class_stats(lanes, "short"), "ttft_ms", "p99") or math.inf
+        checks.append(
+            (
+                "short P99 TTFT with lanes <= 1/4 of direct",
+                s_lanes <= s_direct / 4,
+                f"{s_lanes / 1000:.2f} s vs {s_direct / 1000:.2f} s ({s_direct / s_lanes:.1f}x)",
+            )
+        )
+        return checks
+    for cls in sorted(c for c in direct.summary if c != "all"):
+        c_direct = pct(class_stats(direct, cls), "ttft_ms", "p99") or math.inf
+        c_lanes = pct(class_stats(lanes, cls), "ttft_ms", "p99") or math.inf
+        checks.append(
+            (
+                f"{cls} P99 TTFT with lanes <= 1.1x direct",
+                c_lanes <= 1.1 * c_direct,
+                f"{c_lanes / 1000:.2f} s vs {c_direct / 1000:.2f} s ({c_lanes / c_direct:.2f}x)",
+            )
+        )
+    done_direct = direct.summary["all"].get("ok", 0)
+    done_lanes = lanes.summary["all"].get("ok", 0)
+    checks.append(
+        (
+            "completions with lanes >= 95% of direct's",
+            done_lanes >= 0.95 * done_direct,
+            f"{done_lanes} vs {done_direct}",
+        )
+    )
+    goodput_direct = direct.summary["all"].get("goodput_tok_s") or 0
+    goodput_lanes = lanes.summary["all"].get("goodput_tok_s") or 0
+    checks.append(
+        (
+            "goodput with lanes >= 95% of direct",
+            goodput_lanes >= 0.95 * goodput_direct,
+            f"{goodput_lanes:.0f} vs {goodput_direct:.0f} tok/s "
+            f"({goodput_lanes / max(goodput_direct, 1e-9):.0%})",
+        )
+    )
+    return checks
+
+
+# ------------------------------------------------------------------------- predictor
+
+
+def predictor_report(log_path: Path | None) -> dict[str, Any] | None:
+    """`gateway analyze`'s predictor figures for one gateway's request log (None: no fields)."""
+    if log_path is None or not log_path.exists():
+        return None
+    with log_path.open(encoding="utf-8", errors="replace") as stream:
+        records, _ = load_records(stream)
+    return predictor_accuracy(records)
+
+
+def print_predictor(name: str, predictor: dict[str, Any] | None) -> None:
+    if predictor is None:
+        print(f"  predictor ({name}): the log has no predicted_wait_ms / deadline_ms")
+        return
+    for lane, data in predictor["lanes"].items():
+        share = data["would_have_made_share"]
+        made = (
+            f"{data['would_have_made']}/{data['refusals_judged']} ({share:.0%})"
+            if share is not None
+            else "-"
+        )
+        print(
+            f"  predictor ({name}) {lane:<12} median |predicted - queue| "
+            f"{fmt(data['median_abs_error_ms'])} ms over {data['admitted_with_prediction']}; "
+            f"wait_too_long {data['refused_wait_too_long']}, would have made their "
+            f"deadline {made}"
+        )
+
+
 # ------------------------------------------------------------------------------ main
 
 
 def traffic_mix(args: argparse.Namespace) -> list[TrafficClass]:
-    return load_mix(args.mix) if args.mix else DEFAULT_MIX
+    return resolve_mix(args.mix) if args.mix else DEFAULT_MIX
+
+
+def run_name(args: argparse.Namespace) -> str:
+    """The name of the JSON and logs: the scenario, or a named mix other than the default."""
+    if args.scenario == "mix" and args.mix in NAMED_MIXES and args.mix != "default":
+        return str(args.mix)
+    return str(args.scenario)
 
 
 def build_schedule(args: argparse.Namespace, rate: float, duration: float) -> list[PlannedRequest]:
@@ -421,8 +486,9 @@ async def main() -> int:
     parser.add_argument("--scenario", choices=("mix", "trace"), default="mix")
     parser.add_argument(
         "--mix",
-        help="a loadgen mix TOML file instead of the default mix "
-        "(class names 'short' and 'long' are what the targets check)",
+        help=f"a loadgen mix TOML file or a named mix ({', '.join(NAMED_MIXES)}) instead of "
+        "the default mix (class names 'short' and 'long' are what the targets check; "
+        "prefill-heavy has targets of its own)",
     )
     parser.add_argument(
         "--lanes-config", help="TOML with [[lanes]] (and more) for the lanes gateway"
@@ -468,6 +534,12 @@ async def main() -> int:
     )
     parser.add_argument("--out", default="results/bench_tail", help="folder for JSON and logs")
     args = parser.parse_args()
+    if args.scenario == "mix":
+        try:
+            traffic_mix(args)
+        except (ValueError, OSError) as exc:
+            parser.error(str(exc))
+    prefill_heavy = args.scenario == "mix" and args.mix == "prefill-heavy"
     if args.ignore_eos:
         EXTRA_BODY["ignore_eos"] = True
     if args.lanes_config:
@@ -485,7 +557,10 @@ async def main() -> int:
             simulator = await start_simulator()
             processes.append(simulator)
             backend = simulator.url
-        print(f"backend: {backend}  slots: {args.slots}  scenario: {args.scenario}")
+        print(
+            f"backend: {backend}  slots: {args.slots}  scenario: {args.scenario}"
+            + (f"  mix: {args.mix}" if args.scenario == "mix" and args.mix else "")
+        )
 
         capacity = args.capacity
         if capacity is None:
@@ -505,6 +580,7 @@ async def main() -> int:
 
         report: dict[str, Any] = {
             "scenario": args.scenario,
+            "mix": args.mix if args.scenario == "mix" else None,
             "backend": backend,
             "slots": args.slots,
             "capacity_req_s": capacity,
@@ -515,7 +591,7 @@ async def main() -> int:
         all_passed = True
         for load in (float(x) for x in args.loads.split(",")):
             rate = load * capacity
-            tag = f"{args.scenario}-{int(load * 100)}"
+            tag = f"{run_name(args)}-{int(load * 100)}"
             duration = args.overload_duration if load > 1.0 else args.duration
             schedule = build_schedule(args, rate, duration)
             short_only = [r for r in schedule if r.cls == "short"]
@@ -537,14 +613,19 @@ async def main() -> int:
             fifo.stop()
             lanes.stop()
             print_table(load, rate, list(rows.values()))
-            checks = (
-                check_targets(load, rows, floor_ms, overload=load > 1.0)
-                if {"direct", "lanes"} <= set(rows)
-                else []
-            )
+            checks: list[tuple[str, bool, str]] = []
+            if {"direct", "lanes"} <= set(rows):
+                checks = (
+                    check_prefill_heavy_targets(rows, overload=load > 1.0)
+                    if prefill_heavy
+                    else check_targets(load, rows, floor_ms, overload=load > 1.0)
+                )
             for name, passed, figures in checks:
                 all_passed &= passed
                 print(f"  [{'PASS' if passed else 'FAIL'}] {name}: {figures}")
+            predictor = predictor_report(lanes.log_path) if "lanes" in rows else None
+            if "lanes" in rows:
+                print_predictor("lanes", predictor)
             print(f"  logs: {fifo.log_path}, {lanes.log_path} (python -m gateway analyze FILE)")
             report["loads"][f"{load:g}"] = {
                 "rate_req_s": rate,
@@ -559,8 +640,9 @@ async def main() -> int:
                     for name, row in rows.items()
                 },
                 "checks": [{"target": n, "passed": p, "figures": f} for n, p, f in checks],
+                "lanes_predictor": predictor,
             }
-        path = out_dir / f"{args.scenario}.json"
+        path = out_dir / f"{run_name(args)}.json"
         path.write_text(json.dumps(report, indent=2, default=str))
         print(f"\nwrote {path}")
         return 0 if all_passed else 1

@@ -1,13 +1,25 @@
-"""Helpers the benchmark scripts share: free loopback ports and waiting for a server."""
+"""Helpers the benchmark scripts share: free loopback ports, waiting for a server, children.
+
+The children are the project's own `python -m gateway simulate` and `serve`,
+started from the repository root with the caller's interpreter; a benchmark
+stops every one it started, however it ends (`Process.stop`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -34,3 +46,73 @@ async def wait_ready(
                 pass
             await asyncio.sleep(0.1)
     raise SystemExit(f"{url}{path} did not answer 200 within {timeout_s:g} s")
+
+
+@dataclass
+class Process:
+    """A child server: its name, base URL and, for a gateway, the file its log goes to."""
+
+    name: str
+    url: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path | None = None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+
+    def check_alive(self) -> None:
+        """Raise when the child has exited (for `wait_ready`: fail at once, not at the timeout)."""
+        code = self.popen.poll()
+        if code is not None:
+            raise SystemExit(f"{self.name} exited with status {code} before it was ready")
+
+
+def _child_env() -> dict[str, str]:
+    """The environment without GATEWAY_* overrides: a benchmark's config is its TOML alone."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+
+
+async def start_simulator(flags: Sequence[str] = (), name: str = "simulator") -> Process:
+    """`python -m gateway simulate` on a free port, with extra `flags` (`--step-base-ms 20`)."""
+    port = free_port()
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "simulate", "--port", str(port), *flags],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    process = Process(name, f"http://127.0.0.1:{port}", popen)
+    try:
+        await wait_ready(process.url, "/health", check=process.check_alive)
+    except BaseException:
+        process.stop()
+        raise
+    return process
+
+
+async def start_gateway(name: str, config_toml: str, config_path: Path, log_path: Path) -> Process:
+    """`python -m gateway serve` with this TOML (written to `config_path`); its log to `log_path`."""
+    port = free_port()
+    config_path.write_text(config_toml)
+    with log_path.open("w") as log:
+        popen = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "gateway", "serve"),
+                *("--config", str(config_path), "--port", str(port)),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.DEVNULL,
+            env=_child_env(),
+        )
+    process = Process(name, f"http://127.0.0.1:{port}", popen, log_path)
+    try:
+        await wait_ready(process.url, "/readyz", check=process.check_alive)
+    except BaseException:
+        process.stop()
+        raise
+    return process

@@ -12,6 +12,8 @@ from gateway.tools.analyze.analyzer import (
     METRICS,
     NO_LANE,
     PERCENTILES,
+    PREDICTOR_FIELDS,
+    PREDICTOR_HORIZON_S,
     QUEUE_BOUND_SHARE,
     TAIL_FRACTION,
     VERDICT_RULE,
@@ -27,6 +29,7 @@ from gateway.tools.analyze.analyzer import (
     number,
     outcome_of,
     parse_line,
+    predictor_accuracy,
     queue_depth_series,
     slowest,
     tail_analysis,
@@ -34,12 +37,20 @@ from gateway.tools.analyze.analyzer import (
     verdict,
 )
 from gateway.tools.analyze.cli import add_arguments, build_parser, main
-from gateway.tools.analyze.report_text import fmt_ms, fmt_share, format_report, verdict_lines
+from gateway.tools.analyze.report_text import (
+    fmt_ms,
+    fmt_share,
+    format_report,
+    predictor_lines,
+    verdict_lines,
+)
 
 __all__ = [
     "METRICS",
     "NO_LANE",
     "PERCENTILES",
+    "PREDICTOR_FIELDS",
+    "PREDICTOR_HORIZON_S",
     "QUEUE_BOUND_SHARE",
     "TAIL_FRACTION",
     "VERDICT_RULE",
@@ -61,6 +72,8 @@ __all__ = [
     "number",
     "outcome_of",
     "parse_line",
+    "predictor_accuracy",
+    "predictor_lines",
     "queue_depth_series",
     "slowest",
     "tail_analysis",

@@ -14,6 +14,7 @@ can use them without the CLI; the reports that render the result live in
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections import Counter, defaultdict
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.tools.stats import summarize
+from gateway.tools.stats import percentile, summarize
 
 #: Durations in the log line, in the order the report shows them.
 METRICS: tuple[str, ...] = ("queue_ms", "backend_ttft_ms", "ttft_ms", "tpot_ms", "e2e_ms")
@@ -34,6 +35,18 @@ TAIL_FRACTION = 0.01
 QUEUE_BOUND_SHARE = 0.5
 #: How many of a lane's slowest requests the JSON lists one by one.
 SLOWEST_LISTED = 20
+#: The fields of a log line that say what the gateway predicted at arrival; without
+#: any of them in the log there is no predictor to judge.
+PREDICTOR_FIELDS: tuple[str, ...] = ("predicted_wait_ms", "deadline_ms")
+#: A refusal is judged by the next admitted request of its lane arriving within this
+#: many seconds after it; later ones met a different queue.
+PREDICTOR_HORIZON_S = 5.0
+PREDICTOR_RULE = (
+    "error = |predicted_wait_ms - queue_ms| over requests that completed (status 200); a "
+    "wait_too_long refusal would have made its deadline when the next request of its lane "
+    f"admitted within {PREDICTOR_HORIZON_S:g} s after it (completed or queue-timed-out) "
+    "waited less than the refusal's deadline_ms"
+)
 
 VERDICT_TEXT = {
     "queueing": "queueing-bound → scheduling (lanes, slots, fail-fast)",
@@ -276,7 +289,7 @@ def analyze(
     for record in records:
         by_lane[lane_of(record)].append(record)
     order = sorted(by_lane, key=lambda lane: (lane == NO_LANE, -len(by_lane[lane]), lane))
-    return {
+    analysis = {
         "requests": len(records),
         "skipped_lines": skipped,
         "window": _window(records),
@@ -284,6 +297,10 @@ def analyze(
         "verdict_rule": VERDICT_RULE,
         "lanes": {lane: _lane(by_lane[lane], tail_fraction) for lane in order},
     }
+    predictor = predictor_accuracy(records, lanes=order)
+    if predictor is not None:  # a log from before the gateway predicted keeps its old shape
+        analysis["predictor"] = predictor
+    return analysis
 
 
 def _lane(records: Sequence[Record], tail_fraction: float) -> dict[str, Any]:
@@ -310,6 +327,91 @@ def _lane(records: Sequence[Record], tail_fraction: float) -> dict[str, Any]:
         "outcomes": outcomes,
         "failures": failures,
         "tail": tail_analysis(records, tail_fraction),
+    }
+
+
+# ----------------------------------------------------------------------------- predictor
+
+
+def predictor_accuracy(
+    records: Sequence[Record],
+    *,
+    lanes: Sequence[str] | None = None,
+    horizon_s: float = PREDICTOR_HORIZON_S,
+) -> dict[str, Any] | None:
+    """How well the gateway's wait prediction did, per lane; None when the log has none.
+
+    Two figures, because the prediction is used twice. `median_abs_error_ms`:
+    how far the wait predicted at arrival was from the wait measured, over the
+    requests that completed. `would_have_made_share`: of the requests refused as
+    `wait_too_long`, the share that would have made their deadline after all,
+    estimated by the next request of the same lane that was admitted soon after
+    (within `horizon_s`): had it waited less than the refusal's deadline, the
+    refused request, at the same place in the queue, most likely would have too.
+    Refusals with no such successor (or no deadline) are left out of the share.
+    """
+    if not any(field in record for record in records for field in PREDICTOR_FIELDS):
+        return None
+    by_lane: dict[str, list[Record]] = defaultdict(list)
+    for record in records:
+        by_lane[lane_of(record)].append(record)
+    order = [lane for lane in (lanes if lanes is not None else sorted(by_lane)) if lane in by_lane]
+    return {
+        "rule": PREDICTOR_RULE,
+        "horizon_s": horizon_s,
+        "lanes": {lane: _lane_predictor(by_lane[lane], horizon_s) for lane in order},
+    }
+
+
+def _is_admitted(record: Record) -> bool:
+    """Entered the queue and left it dispatched, or timed out in it: its queue_ms is a wait."""
+    if number(record, "queue_ms") is None:
+        return False
+    return record.get("status") == 200 or outcome_of(record) == "queue_timeout"
+
+
+def _is_wait_refusal(record: Record) -> bool:
+    return (
+        record.get("error_code") == "wait_too_long"
+        or outcome_of(record) == "rejected_wait_too_long"
+    )
+
+
+def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, Any]:
+    errors = [
+        abs(predicted - queue)
+        for r in records
+        if r.get("status") == 200
+        and (predicted := number(r, "predicted_wait_ms")) is not None
+        and (queue := number(r, "queue_ms")) is not None
+    ]
+    admitted = sorted(
+        (arrival, queue)
+        for r in records
+        if _is_admitted(r)
+        and (arrival := arrival_s(r)) is not None
+        and (queue := number(r, "queue_ms")) is not None
+    )
+    arrivals = [a for a, _ in admitted]
+    refused = [r for r in records if _is_wait_refusal(r)]
+    judged = made = 0
+    for r in refused:
+        at, deadline = arrival_s(r), number(r, "deadline_ms")
+        if at is None or deadline is None:
+            continue
+        i = bisect.bisect_right(arrivals, at)
+        if i == len(admitted) or admitted[i][0] - at > horizon_s:
+            continue
+        judged += 1
+        made += admitted[i][1] < deadline
+    return {
+        "admitted_with_prediction": len(errors),
+        "median_abs_error_ms": _round(percentile(errors, 50)),
+        "p90_abs_error_ms": _round(percentile(errors, 90)),
+        "refused_wait_too_long": len(refused),
+        "refusals_judged": judged,
+        "would_have_made": made,
+        "would_have_made_share": _round(made / judged, 4) if judged else None,
     }
 
 

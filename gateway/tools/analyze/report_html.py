@@ -411,8 +411,11 @@ def _page(analysis: dict[str, Any], figures: list[tuple[str, str, str]], source:
         _latency_table(analysis),
         "<h2>Rejections, timeouts and errors</h2>",
         _failure_table(analysis),
-        "</body></html>",
     ]
+    if analysis.get("predictor"):
+        parts += ["<h2>Predictor: predicted wait vs measured, refusals</h2>"]
+        parts += [_predictor_table(analysis["predictor"])]
+    parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
@@ -515,4 +518,26 @@ def _failure_table(analysis: dict[str, Any]) -> str:
         '<table><thead><tr><th class="text">lane</th><th class="text">reason</th>'
         "<th>count</th><th>lane requests</th><th>% of lane</th></tr></thead>"
         f"<tbody>{body}</tbody></table>"
+    )
+
+
+def _predictor_table(predictor: dict[str, Any]) -> str:
+    e = html.escape
+    body = ""
+    for lane, data in predictor["lanes"].items():
+        share = data["would_have_made_share"]
+        made = "-" if share is None else f"{data['would_have_made']} ({fmt_share(share)})"
+        body += (
+            f"<tr><td>{e(lane)}</td><td>{data['admitted_with_prediction']}</td>"
+            f"<td>{fmt_ms(data['median_abs_error_ms'])}</td>"
+            f"<td>{fmt_ms(data['p90_abs_error_ms'])}</td>"
+            f"<td>{data['refused_wait_too_long']}</td><td>{data['refusals_judged']}</td>"
+            f"<td>{made}</td></tr>"
+        )
+    return (
+        '<table><thead><tr><th class="text">lane</th><th>completed with a prediction</th>'
+        "<th>median |error| ms</th><th>p90 |error| ms</th><th>refused wait_too_long</th>"
+        "<th>judged</th><th>would have made the deadline</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+        f'<p class="note">{e(predictor["rule"])}.</p>'
     )

@@ -118,6 +118,9 @@ def format_report(analysis: dict[str, Any]) -> str:
                 f"  {lane[:23]:<24}{failure['reason'][:31]:<32}{failure['count']:>8}"
                 f"{total:>12}{failure['percent']:>11.1f}%"
             )
+    predictor = analysis.get("predictor")
+    if predictor:
+        out += ["", *predictor_lines(predictor)]
     out += ["", "HOW TO READ"]
     out += textwrap.wrap(
         f"{VERDICT_RULE}. {MEASURE_LEGEND}. Gateway time is admission (token counting) and "
@@ -127,3 +130,29 @@ def format_report(analysis: dict[str, Any]) -> str:
         subsequent_indent="  ",
     )
     return "\n".join(out) + "\n"
+
+
+def predictor_lines(predictor: dict[str, Any]) -> list[str]:
+    """The PREDICTOR section: was the wait predicted at arrival right, and were refusals?"""
+    out = [
+        "PREDICTOR per lane: predicted wait at arrival vs queue_ms; wait_too_long refusals",
+        f"  {'lane':<24}{'n':>6}{'median |err|':>14}{'p90 |err|':>11}"
+        f"{'refused':>9}{'judged':>8}{'would have made':>17}",
+    ]
+    for lane, data in predictor["lanes"].items():
+        share = data["would_have_made_share"]
+        made = f"{data['would_have_made']} ({fmt_share(share)})" if share is not None else "-"
+        out.append(
+            f"  {lane[:23]:<24}{data['admitted_with_prediction']:>6}"
+            f"{_ms_or_dash(data['median_abs_error_ms']):>14}"
+            f"{_ms_or_dash(data['p90_abs_error_ms']):>11}"
+            f"{data['refused_wait_too_long']:>9}{data['refusals_judged']:>8}{made:>17}"
+        )
+    out += textwrap.wrap(
+        predictor["rule"] + ".", width=98, initial_indent="  ", subsequent_indent="  "
+    )
+    return out
+
+
+def _ms_or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{fmt_ms(value)} ms"

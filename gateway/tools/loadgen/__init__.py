@@ -17,12 +17,15 @@ from gateway.tools.loadgen.cli import add_arguments, main
 from gateway.tools.loadgen.client import RequestResult, RetryPolicy, RunResult
 from gateway.tools.loadgen.mix import (
     DEFAULT_MIX,
+    NAMED_MIXES,
+    PREFILL_HEAVY_MIX,
     PlannedRequest,
     TrafficClass,
     closed_schedule,
     load_mix,
     parse_class,
     poisson_schedule,
+    resolve_mix,
     trace_class,
     trace_schedule,
 )
@@ -31,6 +34,8 @@ from gateway.tools.loadgen.run import run_closed_loop, run_open_loop
 
 __all__ = [
     "DEFAULT_MIX",
+    "NAMED_MIXES",
+    "PREFILL_HEAVY_MIX",
     "PlannedRequest",
     "RequestResult",
     "RetryPolicy",
@@ -43,6 +48,7 @@ __all__ = [
     "main",
     "parse_class",
     "poisson_schedule",
+    "resolve_mix",
     "run_closed_loop",
     "run_open_loop",
     "summarize_run",

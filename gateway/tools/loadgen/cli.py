@@ -18,12 +18,13 @@ from typing import Any
 from gateway.tools.loadgen.client import RetryPolicy, RunResult
 from gateway.tools.loadgen.mix import (
     DEFAULT_MIX,
+    NAMED_MIXES,
     PlannedRequest,
     TrafficClass,
     closed_schedule,
-    load_mix,
     parse_class,
     poisson_schedule,
+    resolve_mix,
     trace_schedule,
 )
 from gateway.tools.loadgen.report import format_tables, summarize_run, write_json
@@ -53,13 +54,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mix = parser.add_argument_group(
         "traffic mix (default: short:0.8:40-60:64, long:0.2:2800-3200:512)"
     )
-    mix.add_argument("--mix", metavar="FILE", help="TOML file of [[class]] tables")
+    mix.add_argument(
+        "--mix",
+        metavar="FILE|NAME",
+        help=f"TOML file of [[class]] tables, or a named mix: {', '.join(NAMED_MIXES)}",
+    )
     mix.add_argument(
         "--class",
         dest="classes",
         action="append",
         metavar="NAME:SHARE:MIN-MAX:MAX_TOKENS",
-        help="a traffic class (repeatable); prompt sizes in tokens as the gateway counts them",
+        help="a traffic class (repeatable); prompt sizes in tokens as the gateway counts them; "
+        "MAX_TOKENS may be a range too (8-60)",
     )
     trace = parser.add_argument_group("trace replay (TIMESTAMP,ContextTokens,GeneratedTokens CSV)")
     trace.add_argument("--trace", metavar="FILE", help="replay this trace instead of a mix")
@@ -92,7 +98,7 @@ def _mix(args: argparse.Namespace) -> list[TrafficClass]:
     if args.mix and args.classes:
         raise ValueError("give --mix or --class, not both")
     if args.mix:
-        return load_mix(args.mix)
+        return resolve_mix(args.mix)
     if args.classes:
         mix = [parse_class(spec) for spec in args.classes]
         names = [c.name for c in mix]

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from gateway.config import default_lanes
 from gateway.tools.loadgen.prompts import PromptBuilder
@@ -24,12 +24,24 @@ from gateway.tools.loadgen.prompts import PromptBuilder
 
 @dataclass(slots=True)
 class TrafficClass:
-    """A named slice of traffic; `share` is a relative weight (shares are normalized)."""
+    """A named slice of traffic; `share` is a relative weight (shares are normalized).
+
+    `max_tokens` is one value or an inclusive `(min, max)` range drawn per
+    request, because real outputs vary: code completion asks for 8 to 60 tokens,
+    not always 60, and a fixed value would make every decode the same length.
+    """
 
     name: str
     share: float
     prompt_tokens: tuple[int, int]
-    max_tokens: int
+    max_tokens: int | tuple[int, int]
+
+    @property
+    def max_tokens_bounds(self) -> tuple[int, int]:
+        """`max_tokens` as an inclusive `(min, max)` range (a fixed value is min == max)."""
+        if isinstance(self.max_tokens, int):
+            return (self.max_tokens, self.max_tokens)
+        return self.max_tokens
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -41,14 +53,36 @@ class TrafficClass:
             raise ValueError(
                 f"class {self.name!r}: prompt_tokens must be 1 <= min <= max, got {low}-{high}"
             )
-        if self.max_tokens < 1:
-            raise ValueError(f"class {self.name!r}: max_tokens must be >= 1, got {self.max_tokens}")
+        out_low, out_high = self.max_tokens_bounds
+        if not 1 <= out_low <= out_high:
+            raise ValueError(
+                f"class {self.name!r}: max_tokens must be >= 1 (a range min <= max), "
+                f"got {self.max_tokens}"
+            )
 
 
 DEFAULT_MIX: list[TrafficClass] = [
     TrafficClass("short", 0.8, (40, 60), 64),
     TrafficClass("long", 0.2, (2800, 3200), 512),
 ]
+
+#: Code-completion-like traffic: long prompts (the file around the cursor), short outputs,
+#: so the backend's time goes to prefill, not decode. A production trace of it has a
+#: median prompt of ~1500 tokens, a median output of ~13 and 60% of prompts over 1024;
+#: these uniform ranges are a little heavier (median prompt ~2300, output ~29, 75% over
+#: 1024), which makes the prefill effect larger, not different. The long class starts
+#: above the first default lane's 1024-token limit so that a class is a lane, as in the
+#: default mix.
+PREFILL_HEAVY_MIX: list[TrafficClass] = [
+    TrafficClass("short", 0.25, (50, 400), (8, 32)),
+    TrafficClass("long", 0.75, (1025, 5000), (8, 60)),
+]
+
+#: The mixes `--mix NAME` accepts wherever it also accepts a TOML file.
+NAMED_MIXES: dict[str, list[TrafficClass]] = {
+    "default": DEFAULT_MIX,
+    "prefill-heavy": PREFILL_HEAVY_MIX,
+}
 
 
 @dataclass(slots=True)
@@ -67,7 +101,7 @@ class PlannedRequest:
 
 
 def parse_class(spec: str) -> TrafficClass:
-    """`name:share:min-max:max_tokens` (or `name:share:N:max_tokens`), the `--class` flag."""
+    """`name:share:min-max:max_tokens` (N for a fixed size, min-max for a range), `--class`."""
     parts = spec.split(":")
     if len(parts) != 4:
         raise ValueError(f"--class {spec!r}: expected name:share:min-max:max_tokens")
@@ -75,13 +109,31 @@ def parse_class(spec: str) -> TrafficClass:
     try:
         low, _, high = size.partition("-")
         bounds = (int(low), int(high or low))
-        return TrafficClass(name, float(share), bounds, int(max_tokens))
+        out_low, dash, out_high = max_tokens.partition("-")
+        output: int | tuple[int, int] = (int(out_low), int(out_high)) if dash else int(out_low)
+        return TrafficClass(name, float(share), bounds, output)
     except ValueError as exc:
         raise ValueError(f"--class {spec!r}: {exc}") from None
 
 
+def resolve_mix(spec: str | Path) -> list[TrafficClass]:
+    """The classes of `--mix`: a named mix (`default`, `prefill-heavy`) or a TOML file.
+
+    A name wins over a file of the same name in the working directory; write
+    `./default` to mean the file.
+    """
+    named = NAMED_MIXES.get(str(spec))
+    if named is not None:
+        return list(named)
+    path = Path(spec)
+    if not path.is_file():
+        names = ", ".join(NAMED_MIXES)
+        raise ValueError(f"--mix {spec}: neither a mix file nor a named mix ({names})")
+    return load_mix(path)
+
+
 def load_mix(path: str | Path) -> list[TrafficClass]:
-    """Read `[[class]]` tables (name, share, prompt_tokens = [min, max] or N, max_tokens)."""
+    """Read `[[class]]` tables (name, share; prompt_tokens and max_tokens = N or [min, max])."""
     with open(path, "rb") as f:
         data = tomllib.load(f)
     entries = data.get("class")
@@ -101,9 +153,9 @@ def _class_from_toml(entry: Any, where: str) -> TrafficClass:
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     size = entry.get("prompt_tokens")
-    if isinstance(size, int) and not isinstance(size, bool):
+    if type(size) is int:
         bounds = (size, size)
-    elif isinstance(size, list) and len(size) == 2 and all(type(v) is int for v in size):
+    elif _is_range(size):
         bounds = (size[0], size[1])
     else:
         raise ValueError(f"{where}: prompt_tokens must be an integer or [min, max]")
@@ -112,12 +164,21 @@ def _class_from_toml(entry: Any, where: str) -> TrafficClass:
         raise ValueError(f"{where}: name must be a string")
     if not isinstance(share, int | float) or isinstance(share, bool):
         raise ValueError(f"{where}: share must be a number")
-    if type(max_tokens) is not int:
-        raise ValueError(f"{where}: max_tokens must be an integer")
+    output: int | tuple[int, int]
+    if type(max_tokens) is int:
+        output = max_tokens
+    elif _is_range(max_tokens):
+        output = (max_tokens[0], max_tokens[1])
+    else:
+        raise ValueError(f"{where}: max_tokens must be an integer or [min, max]")
     try:
-        return TrafficClass(name, float(share), bounds, max_tokens)
+        return TrafficClass(name, float(share), bounds, output)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
+
+
+def _is_range(value: Any) -> TypeGuard[list[int]]:
+    return isinstance(value, list) and len(value) == 2 and all(type(v) is int for v in value)
 
 
 def _validate_mix(mix: Sequence[TrafficClass]) -> None:
@@ -149,12 +210,15 @@ def _plan_from_mix(
     drawn = []
     for _ in arrivals:
         cls = _pick(rng, mix, weights)
-        drawn.append((cls, rng.randint(*cls.prompt_tokens)))
-    builder = PromptBuilder(max((size for _, size in drawn), default=1), seed)
+        size = rng.randint(*cls.prompt_tokens)
+        low, high = cls.max_tokens_bounds
+        # Only a range draws: fixed-output mixes keep the schedules they always had.
+        drawn.append((cls, size, rng.randint(low, high) if low < high else low))
+    builder = PromptBuilder(max((size for _, size, _ in drawn), default=1), seed)
     plan = []
-    for index, (at_s, (cls, size)) in enumerate(zip(arrivals, drawn, strict=True)):
+    for index, (at_s, (cls, size, output)) in enumerate(zip(arrivals, drawn, strict=True)):
         prompt, real = builder.build(index, size)
-        plan.append(PlannedRequest(index, at_s, cls.name, real, cls.max_tokens, prompt))
+        plan.append(PlannedRequest(index, at_s, cls.name, real, output, prompt))
     return plan
 
 
