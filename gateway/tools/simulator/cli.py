@@ -26,6 +26,8 @@ _CONFIG_HELP = {
     "max_model_len": "context window; prompt + max_tokens above it gets a 400",
     "seed": "seed of the generated text",
     "model": "model name served by /v1/models",
+    "token_ratio": "the simulator's prompt token count is tiktoken's times this, as for a "
+    "backend whose tokenizer counts differently from the gateway's",
 }
 
 

@@ -8,6 +8,7 @@ each other.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -33,6 +34,9 @@ class SimulatorConfig:
     seed: int = 0
     #: Model name served by `/v1/models` and echoed when a request names none.
     model: str = "sim-model"
+    #: The simulator's own prompt count is tiktoken's times this: a backend whose tokenizer
+    #: counts the same text differently from the gateway's (usage, context check, prefill).
+    token_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "prefill_tokens_per_step", "default_max_tokens", "max_model_len"):
@@ -51,6 +55,18 @@ class SimulatorConfig:
             raise ValueError("at least one of the step time knobs must be > 0")
         if not self.model:
             raise ValueError("model must be a non-empty name")
+        if not (math.isfinite(self.token_ratio) and self.token_ratio > 0):
+            raise ValueError(f"token_ratio must be > 0, got {self.token_ratio}")
+
+    def backend_tokens(self, counted: int) -> int:
+        """A prompt's length in this backend's own tokens, from the tiktoken count.
+
+        Rounded half up and at least 1, so a short prompt never vanishes under a small
+        ratio; an empty prompt stays empty, and a ratio of 1 changes nothing.
+        """
+        if counted <= 0 or self.token_ratio == 1.0:
+            return counted
+        return max(1, math.floor(counted * self.token_ratio + 0.5))
 
     def step_ms(self, prefilled_tokens: int, decoding_seqs: int) -> float:
         """How long a step with this much work takes."""

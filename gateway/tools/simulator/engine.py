@@ -169,6 +169,16 @@ class Engine:
             "busy_s": round(self.busy_s, 6),
         }
 
+    def kv_cache_usage(self) -> float:
+        """The fraction of the KV cache the batch holds, as a /metrics gauge reports it.
+
+        The cache is modelled as one context window per batch place (llama.cpp's slots);
+        a running sequence holds its prefilled prompt and its generated tokens.
+        """
+        capacity = self.config.max_batch * self.config.max_model_len
+        held = sum(seq.prefilled + seq.generated for seq in self.running)
+        return min(1.0, held / capacity)
+
     async def _run(self) -> None:
         while True:
             if not self.running and not self.waiting:

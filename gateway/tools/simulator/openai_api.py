@@ -162,7 +162,8 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
         if "prompt" not in body:
             raise invalid_request("'prompt' is required", "prompt")
         parts = completion_prompt_parts(body["prompt"])
-    prompt_tokens = await state.counter.count_async(parts)
+    # The count a backend with its own tokenizer would make (token_ratio), not tiktoken's.
+    prompt_tokens = state.config.backend_tokens(await state.counter.count_async(parts))
 
     limit = state.config.max_model_len
     if prompt_tokens + max_tokens > limit:

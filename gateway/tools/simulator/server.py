@@ -2,16 +2,20 @@
 
 This is the one module that knows about both the OpenAI and the TGI routes, so
 neither API module needs the other. It also owns the lifecycle (the engine and
-the tokenizer live exactly as long as the app) and the simulator's own routes:
-`/health`, and `/sim/stats` and `/sim/requests`, which let tests check what the
-gateway actually forwarded.
+the tokenizer live exactly as long as the app) and the routes that are about the
+server rather than one API: `/health`; `/metrics` and `/props`, where real engines
+tell their load and their size (the gateway reads both, and a witness should answer
+them the way the engines do); and `/sim/stats` and `/sim/requests`, which let tests
+check what the gateway actually forwarded.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.tools.simulator import openai_api, tgi_api
 from gateway.tools.simulator.config import SimulatorConfig
@@ -22,6 +26,8 @@ from gateway.tools.simulator.tokens import ENCODING_NAME, PromptCounter, load_en
 MAX_BODY_BYTES = 64 * 1024 * 1024
 #: Seconds `runner.cleanup()` waits for handlers; they end at once when the engine stops.
 SHUTDOWN_TIMEOUT_S = 5.0
+#: The exposition format vLLM and llama.cpp answer /metrics with.
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def build_simulator_app(config: SimulatorConfig) -> web.Application:
@@ -34,6 +40,8 @@ def build_simulator_app(config: SimulatorConfig) -> web.Application:
     openai_api.add_routes(app)
     tgi_api.add_routes(app)
     app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/props", _props)
     app.router.add_get("/sim/stats", _stats)
     app.router.add_get("/sim/requests", _requests)
     return app
@@ -94,3 +102,58 @@ async def _stats(request: web.Request) -> web.Response:
 async def _requests(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     return web.json_response({"requests": [info.to_json() for info in state.requests]})
+
+
+class _EngineGauges:
+    """The engine's load under both vLLM's and llama.cpp's gauge names, read at each scrape.
+
+    running: sequences in the batch (prefilling or decoding); waiting: sequences queued
+    FIFO for a batch place. vLLM labels its series by model name; llama.cpp has none.
+    """
+
+    def __init__(self, state: SimulatorState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.state.engine
+        model = self.state.config.model
+        running, waiting = len(engine.running), len(engine.waiting)
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+             running),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+             waiting),
+            ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.",
+             engine.kv_cache_usage()),
+        ):  # fmt: skip
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            yield family
+        yield GaugeMetricFamily(
+            "llamacpp:requests_processing", "Number of requests processing.", value=running
+        )
+        yield GaugeMetricFamily(
+            "llamacpp:requests_deferred", "Number of requests deferred.", value=waiting
+        )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    # A registry of its own per scrape: nothing global, so two simulators in one process
+    # (as tests run them) never share or clash over series.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_EngineGauges(request.app[STATE_KEY]))
+    return web.Response(
+        body=generate_latest(registry), headers={"Content-Type": METRICS_CONTENT_TYPE}
+    )
+
+
+async def _props(request: web.Request) -> web.Response:
+    """llama.cpp's /props, the fields that say the server's size: slots and their context."""
+    config = request.app[CONFIG_KEY]
+    return web.json_response(
+        {
+            "total_slots": config.max_batch,
+            "default_generation_settings": {"n_ctx": config.max_model_len},
+            "model_path": config.model,
+        }
+    )

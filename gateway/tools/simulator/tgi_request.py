@@ -224,7 +224,9 @@ async def settle_size(
         raise tgi_validation(
             f"`truncate` must be strictly positive and less than {max_input}. Given: {truncate}"
         )
-    input_length = await counter.count_async(completion_prompt_parts(params.inputs))
+    input_length = config.backend_tokens(
+        await counter.count_async(completion_prompt_parts(params.inputs))
+    )
     if truncate is not None:
         input_length = min(input_length, truncate)
     requested = parameters.get("max_new_tokens")
