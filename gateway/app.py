@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter, load_encoding
-from gateway.config import Settings
+from gateway.config import LimitsSettings, Settings
 from gateway.http import openai, openapi, ops, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
@@ -21,11 +22,13 @@ from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import clock
+from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
+from gateway.upstream.sizing import BackendSizer
 
 
 def build_app(
@@ -46,10 +49,14 @@ def build_app(
         clock=time.monotonic,
     )
     slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}
-    scheduler = Scheduler(settings.lanes, slot_limits, pool, clock=clock)
+    scheduler = Scheduler(
+        settings.lanes, slot_limits, pool, clock=clock, competes=pool.shares_backends
+    )
     pool.on_available = scheduler.notify_capacity
+    events = make_logger(sys.stderr, settings.logging.level)
+    prompt_sizes = PromptSizes()
+    health = HealthMonitor(pool, settings.health)
     metrics = GatewayMetrics()
-    metrics.watch(scheduler, pool)
     loop_lag = LoopLagMonitor(metrics.registry)
     state = GatewayState(
         settings=settings,
@@ -60,11 +67,21 @@ def build_app(
         # On stdout the lines are written by a thread (a stalled pipe never blocks the loop).
         request_log=RequestLog(log_stream, background=log_stream is None),
         upstream=UpstreamClient(settings.timeouts),
-        events=make_logger(sys.stderr, settings.logging.level),
-        health=HealthMonitor(pool, settings.health),
+        events=events,
+        health=health,
         keys=ClientKeys(settings.api_keys),
         loop_lag=loop_lag,
+        prompt_sizes=prompt_sizes,
+        sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes, lambda _: None),
+        limits=settings.limits,
     )
+
+    def set_limits(limits: LimitsSettings) -> None:
+        state.limits = limits
+
+    state.sizer._set_limits = set_limits
+    health.after_round = state.sizer.round
+    metrics.watch(scheduler, pool, state.sizer.floors)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
         client_max_size=settings.server.max_body_bytes, middlewares=[error_envelope]
@@ -81,6 +98,7 @@ def build_app(
     app.router.add_get("/healthz", ops.healthz)
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/debug/backends", ops.debug_backends)
     openapi.install(app, settings)
     return app
 
@@ -90,7 +108,14 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await state.upstream.start()
     await state.health.start()
     await state.loop_lag.start()
+    warm_up = None
+    if state.settings.health.probe_on_start and state.health.session is not None:
+        warm_up = asyncio.create_task(state.sizer.warm_up(state.health.session), name="warm-up")
     yield
+    if warm_up is not None:
+        warm_up.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await warm_up
     await state.loop_lag.stop()
     await state.health.stop()
     await state.upstream.close()

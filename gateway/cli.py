@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import io
 import json
 import os
 import signal
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="print the effective config and warnings")
     _add_config_arguments(check)
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="also ask each backend what it is and measure its prefill (a few one-token "
+        "requests), and say which lane deadlines the engine cannot meet",
+    )
 
     from gateway.tools import analyze, loadgen
 
@@ -101,7 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.command == "check-config":
-        return check_config(settings)
+        status = check_config(settings)
+        if status == 0 and args.probe:
+            status = probe_backends(settings)
+        return status
     return serve(settings)
 
 
@@ -131,6 +141,44 @@ def check_config(settings: Settings) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def probe_backends(settings: Settings) -> int:
+    """`check-config --probe`: what each backend says and how fast it prefills, printed as
+    JSON, and a warning for each lane whose deadline is below the measured engine floor."""
+    if not settings.backends:
+        print("note: no backend to probe", file=sys.stderr)
+        return 0
+    report = asyncio.run(_probe(settings))
+    print(json.dumps({"probe": report}, indent=2))
+    for lane in report["lanes"]:
+        floor = lane["engine_floor_s"]
+        if floor is not None and floor > lane["configured_timeout_s"]:
+            print(
+                f"warning: lane '{lane['lane']}': queue_timeout_s {lane['configured_timeout_s']:g} s "
+                f"is below the measured engine floor {floor:.2f} s (one long prefill ahead plus "
+                f"its own); the deadline in force is {lane['deadline_s']:.2f} s",
+                file=sys.stderr,
+            )
+    return 0
+
+
+async def _probe(settings: Settings) -> dict[str, Any]:
+    import aiohttp
+
+    from gateway.app import build_app
+    from gateway.state import GATEWAY
+    from gateway.upstream.telemetry import fetch_load
+
+    state = build_app(settings, log_stream=io.StringIO())[GATEWAY]
+    timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for backend in state.pool.backends:
+            auth = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+            state.sizer.apply_load(backend, await fetch_load(session, backend.url, auth))
+        await state.sizer.warm_up(session)
+    state.counter.close()
+    return {"backends": state.sizer.describe(), "lanes": state.sizer.describe_lanes()}
 
 
 def serve(settings: Settings) -> int:

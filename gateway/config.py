@@ -53,6 +53,9 @@ def _rule(must: str, **constraint: Any) -> Meta:
 # NaN fails every bound and `le=` the largest float refuses inf: a bounded float is finite.
 Positive = Annotated[int, _rule("be > 0", gt=0)]
 NonNegative = Annotated[int, _rule("be >= 0", ge=0)]
+#: Slots of a backend whose config does not set them and whose engine does not say.
+DEFAULT_MAX_CONCURRENCY = 8
+
 PositiveFloat = Annotated[float, _rule("be finite and > 0", gt=0, le=sys.float_info.max)]
 NonEmpty = Annotated[str, _rule("not be empty", min_length=1)]
 
@@ -93,11 +96,16 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     name: str = ""
     #: Relative capacity: balancing divides outstanding tokens by it.
     weight: PositiveFloat = 1.0
-    #: Requests the gateway lets run at once on this backend (its slots).
-    max_concurrency: Positive = 8
-    #: Prompt tokens this backend may be prefilling at once (dispatched, no first byte
-    #: yet); a bigger prompt goes alone. 0: no limit.
-    max_prefill_tokens: Annotated[int, _rule("be >= 0 (0: no limit)", ge=0)] = 4096
+    #: Requests the gateway lets run at once on this backend (its slots). Unset: what
+    #: the engine reports (llama.cpp /props total_slots, TGI /info
+    #: max_concurrent_requests), else DEFAULT_MAX_CONCURRENCY.
+    max_concurrency: Positive | None = None
+    #: Predicted prefill seconds this backend may have in flight (dispatched, no first
+    #: byte yet), from its learned prefill rate; a bigger prompt goes alone. It bounds
+    #: how long a short request waits behind long prompts. 0: no such budget.
+    prefill_budget_s: Annotated[float, _rule("be >= 0 (0: no budget)", ge=0)] = 0.5
+    #: An optional hard cap in prompt tokens on top of the budget in seconds. 0: none.
+    max_prefill_tokens: Annotated[int, _rule("be >= 0 (0: no limit)", ge=0)] = 0
     #: Sent to this backend as `Authorization: Bearer ...` (the client's own never is).
     api_key: str | None = None
     #: Put the lane's priority in the body's `priority` (vLLM --scheduling-policy priority).
@@ -139,8 +147,16 @@ class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     #: How many slots promotion guarantees an aged lane. A lane that already runs this
     #: many is progressing, not starving, and higher lanes keep their priority.
     promoted_slots: Positive = 1
-    #: Refuse at once (429 wait_too_long) when the predicted wait exceeds queue_timeout_s.
+    #: Slots this lane keeps while a higher lane has requests waiting: a lower lane may
+    #: use every free slot, but gives slots back as its requests end when a higher lane
+    #: waits, down to this floor (so it is never starved).
+    min_slots: NonNegative = 1
+    #: Refuse at once (429 wait_too_long) when the predicted wait exceeds the deadline.
     reject_predicted_wait: bool = True
+    #: Raise queue_timeout_s when the measured engine floor (one long prefill ahead plus
+    #: the request's own) would not fit in it: a deadline shorter than the engine
+    #: allows only turns requests away that the backend would have served.
+    fit_timeout_to_engine: bool = True
     #: Names of the backends this lane may use; None: all of them.
     backends: Annotated[list[str], _rule("name at least one backend", min_length=1)] | None = None
 
@@ -168,6 +184,9 @@ class HealthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     failures_to_eject: Positive = 3
     eject_base_s: PositiveFloat = 5.0
     eject_max_s: PositiveFloat = 120.0
+    #: At start, measure each backend's prefill with three short and three long one-token
+    #: completions (random words), so deadlines fit the engine before the first user waits.
+    probe_on_start: bool = True
 
 
 class LoggingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -188,7 +207,6 @@ def default_lanes() -> list[LaneSettings]:
         ),
         LaneSettings(
             name="bulk",
-            max_slot_share=0.5,
             queue_timeout_s=30.0,
             max_queue_depth=64,
             promote_after_s=10.0,
@@ -216,7 +234,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
     @property
     def total_slots(self) -> int:
-        return sum(b.max_concurrency for b in self.backends)
+        return sum(b.max_concurrency or DEFAULT_MAX_CONCURRENCY for b in self.backends)
 
     def lane_backends(self, lane: LaneSettings) -> list[BackendSettings]:
         if lane.backends is None:
@@ -228,11 +246,16 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
         The share is of the slots of the backends the lane may use.
         """
-        slots = sum(b.max_concurrency for b in self.lane_backends(lane))
-        # round first: 90 * 0.7 is 62.999... in binary floating point
-        by_share = math.floor(round(slots * lane.max_slot_share, 9))
-        limit = by_share if lane.max_slots is None else min(lane.max_slots, by_share)
-        return max(1, limit)
+        slots = sum(b.max_concurrency or DEFAULT_MAX_CONCURRENCY for b in self.lane_backends(lane))
+        return slot_limit(lane, slots)
+
+
+def slot_limit(lane: LaneSettings, slots: int) -> int:
+    """Slots a lane may hold of `slots`: its absolute and its share limit, at least one."""
+    # round first: 90 * 0.7 is 62.999... in binary floating point
+    by_share = math.floor(round(slots * lane.max_slot_share, 9))
+    limit = by_share if lane.max_slots is None else min(lane.max_slots, by_share)
+    return max(1, limit)
 
 
 TABLES: dict[str, type[msgspec.Struct]] = {
@@ -669,9 +692,10 @@ def consistency_warnings(settings: Settings) -> list[str]:
             "[timeouts].pool_idle_s >= 5: llama.cpp's server closes idle connections after 5 s; "
             "keep the pool's idle timeout below the backend's"
         )
-    if s.backends and all(s.lane_slot_limit(lane) >= s.total_slots for lane in s.lanes[1:]):
-        if len(s.lanes) > 1:
+    for lane in s.lanes[1:] if s.backends else ():
+        if lane.min_slots >= s.lane_slot_limit(lane):
             warnings.append(
-                "every lower-priority lane may take all slots: long requests can fill the backend"
+                f"[[lanes]] {lane.name}: min_slots ({lane.min_slots}) >= its slot limit, so it "
+                "never gives slots back to the lanes above it: long requests can fill the backend"
             )
     return warnings

@@ -9,15 +9,17 @@ from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter
-from gateway.config import Settings
+from gateway.config import LimitsSettings, Settings
 from gateway.observability.logs import RequestLog
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import RequestRecord
+from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.pool import BackendPool
 from gateway.upstream.relay import UpstreamClient
+from gateway.upstream.sizing import BackendSizer
 
 
 @dataclass(slots=True)
@@ -34,6 +36,12 @@ class GatewayState:
     health: HealthMonitor
     keys: ClientKeys
     loop_lag: LoopLagMonitor
+    #: Recent prompt sizes by lane (what "a long prompt" is, for the engine floor).
+    prompt_sizes: PromptSizes
+    #: Sizes the lanes and pool to what the backends say and what was learned.
+    sizer: BackendSizer
+    #: The caps in force: the config's, tightened by what the backends accept.
+    limits: LimitsSettings
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
     draining: bool = False
 

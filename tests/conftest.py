@@ -20,7 +20,14 @@ from hypothesis import is_hypothesis_test
 
 from gateway.admission.tokens import load_encoding
 from gateway.app import build_app
-from gateway.config import BackendSettings, LaneSettings, Settings, default_lanes, validate
+from gateway.config import (
+    BackendSettings,
+    HealthSettings,
+    LaneSettings,
+    Settings,
+    default_lanes,
+    validate,
+)
 from gateway.state import GATEWAY, GatewayState
 from gateway.tools.simulator import SimulatorConfig, start_simulator
 
@@ -91,6 +98,8 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
                 for i, url in enumerate(backends)
             ],
             lanes=lanes or default_lanes(),
+            # No start-up probe requests: tests count what reaches their simulators.
+            health=HealthSettings(probe_on_start=False),
         )
         if configure:
             settings = configure(settings)

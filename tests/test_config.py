@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from gateway.config import (
+    DEFAULT_MAX_CONCURRENCY,
     ApiKeySettings,
     BackendSettings,
     ConfigError,
@@ -71,10 +72,10 @@ def test_default_lanes_are_interactive_then_bulk() -> None:
     assert interactive.promote_after_s is None
     assert (bulk.max_prompt_tokens, bulk.max_output_tokens) == (None, None)
     assert (bulk.queue_timeout_s, bulk.max_queue_depth) == (30.0, 64)
-    assert (bulk.max_slot_share, bulk.promote_after_s) == (0.5, 10.0)
+    assert (bulk.max_slot_share, bulk.min_slots, bulk.promote_after_s) == (1.0, 1, 10.0)
 
 
-def test_bulk_may_hold_half_the_slots() -> None:
+def test_bulk_may_use_every_slot_by_default() -> None:
     settings = Settings(
         backends=[
             BackendSettings(url="http://a:1", name="a", max_concurrency=8),
@@ -83,15 +84,23 @@ def test_bulk_may_hold_half_the_slots() -> None:
     )
     assert settings.total_slots == 16
     assert settings.lane_slot_limit(lane(settings, "interactive")) == 16
-    assert settings.lane_slot_limit(lane(settings, "bulk")) == 8
+    # Work-conserving: bulk gives slots back under pressure (scheduler), it is not capped.
+    assert settings.lane_slot_limit(lane(settings, "bulk")) == 16
 
 
 def test_slot_limit_rounds_down_and_is_at_least_one() -> None:
+    half = LaneSettings(name="half", max_slot_share=0.5)
     three = Settings(backends=[BackendSettings(url="http://a:1", name="a", max_concurrency=3)])
-    assert three.lane_slot_limit(lane(three, "bulk")) == 1
+    assert three.lane_slot_limit(half) == 1
     one = Settings(backends=[BackendSettings(url="http://a:1", name="a", max_concurrency=1)])
-    assert one.lane_slot_limit(lane(one, "bulk")) == 1
-    assert Settings().lane_slot_limit(lane(Settings(), "bulk")) == 1  # no backends at all
+    assert one.lane_slot_limit(half) == 1
+    assert Settings().lane_slot_limit(half) == 1  # no backends at all
+
+
+def test_unset_concurrency_counts_as_the_default_until_the_engine_says() -> None:
+    settings = Settings(backends=[BackendSettings(url="http://a:1", name="a")])
+    assert settings.backends[0].max_concurrency is None
+    assert settings.total_slots == DEFAULT_MAX_CONCURRENCY
 
 
 def test_absolute_slot_limit_applies_when_smaller() -> None:
@@ -176,7 +185,7 @@ def test_toml_backends(tmp_path: Path) -> None:
     settings = load_settings(write_toml(tmp_path, FULL_TOML), env={})
     assert [(b.url, b.name, b.max_concurrency) for b in settings.backends] == [
         ("http://10.0.0.1:8000", "10.0.0.1:8000", 4),  # name defaults to host:port
-        ("https://gpu-2.internal:8443", "gpu2", 8),
+        ("https://gpu-2.internal:8443", "gpu2", None),  # None: the engine's, or 8
     ]
     assert settings.total_slots == 12
 
@@ -238,7 +247,7 @@ def test_env_backend_by_index() -> None:
         "GATEWAY_BACKENDS_0_MAX_CONCURRENCY": "3",
     }
     settings = load_settings(env=env)
-    assert [b.max_concurrency for b in settings.backends] == [3, 8]
+    assert [b.max_concurrency for b in settings.backends] == [3, None]
 
 
 def test_env_wins_over_the_file(tmp_path: Path) -> None:

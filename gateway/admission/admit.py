@@ -9,13 +9,14 @@ the policy that follows (caps, lane, the caller's rights) is the same for all.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.admission.auth import check_lane_allowed, lane_override
 from gateway.admission.lanes import choose_lane
 from gateway.admission.limits import OutputBudget, check_prompt, decide_output_budget
-from gateway.config import ApiKeySettings, LaneSettings, Settings
+from gateway.config import ApiKeySettings, LaneSettings, LimitsSettings, Settings
 from gateway.outcomes import PromptTooLong
 
 
@@ -50,32 +51,45 @@ class Admission:
     override_ignored: bool = False
 
 
+def calibrated(tokens: int, token_ratio: float) -> int:
+    """The gateway's count in the backend's tokens (its learned ratio), rounded up."""
+    return tokens if token_ratio == 1.0 else math.ceil(tokens * token_ratio)
+
+
 def admit(
     shape: RequestShape,
     settings: Settings,
     client: ApiKeySettings | None = None,
     requested_lane: str | None = None,
+    *,
+    limits: LimitsSettings | None = None,
+    token_ratio: float = 1.0,
 ) -> Admission:
     """Apply the caps, choose the lane, check the caller may use it; a Refusal if not.
 
     `requested_lane` (X-Gateway-Lane) counts only for a key allowed to choose
-    its lane; it skips the lanes' size limits, not the caps.
+    its lane; it skips the lanes' size limits, not the caps. `limits`: the caps
+    in force (the config's, tightened by what the backends accept). The caps and
+    lane sizes are in the model's tokens: the gateway's tiktoken count times
+    `token_ratio`, the backends' learned tokens per gateway token.
     """
+    limits = limits or settings.limits
     override = lane_override(client, requested_lane, settings.lanes)
-    check_prompt(shape.prompt_tokens, settings.limits, shape.prompt_param)
+    prompt_tokens = calibrated(shape.prompt_tokens, token_ratio)
+    check_prompt(prompt_tokens, limits, shape.prompt_param)
     budget = decide_output_budget(
         shape.requested_max_tokens,
-        shape.prompt_tokens,
-        settings.limits,
+        prompt_tokens,
+        limits,
         n=shape.n,
         prompt_count=shape.prompt_count,
         param=(shape.max_tokens_fields or ("max_tokens",))[0],
-        longest_prompt_tokens=shape.longest_prompt_tokens,
+        longest_prompt_tokens=calibrated(shape.longest_prompt_tokens, token_ratio),
     )
-    lane = override or choose_lane(settings.lanes, shape.prompt_tokens, budget.total)
+    lane = override or choose_lane(settings.lanes, prompt_tokens, budget.total)
     if lane is None:
         raise PromptTooLong(
-            f"No lane admits a request of {shape.prompt_tokens} prompt tokens and "
+            f"No lane admits a request of {prompt_tokens} prompt tokens and "
             f"{budget.total} output tokens.",
             param=shape.prompt_param,
         )

@@ -48,6 +48,10 @@ class Dialect(ABC):
     def completion_tokens(self, body: bytes) -> int | None:
         """Generated tokens, from a whole (non-stream) answer; None when it does not say."""
 
+    def backend_prompt_tokens(self, body: bytes) -> int | None:
+        """The backend's count of the prompt, from a whole answer; None when it does not say."""
+        return None
+
     def client_body(self, shape: RequestShape, body: bytes) -> bytes:
         """A whole answer as the client asked for it (only TGI ever changes it)."""
         return body

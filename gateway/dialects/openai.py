@@ -30,12 +30,10 @@ class _OpenAIDialect(Dialect):
         return OpenAIStreamWatcher(strip_usage=not shape.client_wants_usage)
 
     def completion_tokens(self, body: bytes) -> int | None:
-        try:
-            usage = msgspec.json.decode(body).get("usage")
-        except (msgspec.DecodeError, AttributeError):
-            return None
-        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        return tokens if type(tokens) is int else None
+        return _usage_count(body, "completion_tokens")
+
+    def backend_prompt_tokens(self, body: bytes) -> int | None:
+        return _usage_count(body, "prompt_tokens")
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         return sse_event({"error": error})
@@ -94,3 +92,13 @@ class CompletionDialect(_OpenAIDialect):
             prompt_count=parts.prompt_count,
             client_wants_usage=request.wants_usage,
         )
+
+
+def _usage_count(body: bytes, name: str) -> int | None:
+    """`usage[name]` of a whole answer; None when it has none."""
+    try:
+        usage = msgspec.json.decode(body).get("usage")
+    except (msgspec.DecodeError, AttributeError):
+        return None
+    tokens = usage.get(name) if isinstance(usage, dict) else None
+    return tokens if type(tokens) is int else None

@@ -1,10 +1,13 @@
-"""Operational routes: liveness, readiness, Prometheus metrics."""
+"""Operational routes: liveness, readiness, Prometheus metrics, what was learned."""
 
 from __future__ import annotations
 
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.http.errors import error_response
+from gateway.outcomes import Refusal
 from gateway.state import GATEWAY
 
 
@@ -30,4 +33,28 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(state.metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+async def debug_backends(request: web.Request) -> web.Response:
+    """What the gateway knows and learned of each backend, and the lanes' fitted figures.
+
+    Guarded like the pass-through GETs: with API keys configured, it needs one.
+    """
+    state = request.app[GATEWAY]
+    try:
+        state.keys.identify(request.headers.get("Authorization"))
+    except Refusal as refusal:
+        return error_response(refusal)
+    limits = state.limits
+    return web.json_response(
+        {
+            "backends": state.sizer.describe(),
+            "lanes": state.sizer.describe_lanes(),
+            "limits": {
+                "max_prompt_tokens": limits.max_prompt_tokens,
+                "context_window": limits.context_window,
+            },
+        },
+        dumps=lambda obj: msgspec.json.encode(obj).decode(),
     )

@@ -19,6 +19,7 @@ import msgspec
 from aiohttp import web
 
 from gateway.admission.admit import Admission, RequestShape, admit
+from gateway.admission.deadline import DEADLINE_HEADER, client_deadline_s
 from gateway.dialects.base import Dialect
 from gateway.http.errors import error_response, refusal_body, status_of
 from gateway.observability.record import RequestRecord, clock
@@ -31,9 +32,10 @@ from gateway.outcomes import (
     ShuttingDown,
     UnsupportedMediaType,
 )
-from gateway.scheduling.scheduler import Grant
+from gateway.scheduling.scheduler import Grant, WaitNote
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.dispatch import dispatch
+from gateway.upstream.learn import learn_from
 from gateway.upstream.pool import Backend
 from gateway.upstream.relay import RelayPlan
 
@@ -146,6 +148,11 @@ def with_member(body: bytes, key: str, value: int) -> bytes:
     return body[:-1] + (b"," if body != b"{}" else b"") + member + b"}"
 
 
+def queue_budget_s(client_deadline: float, own_prefill_s: float) -> float:
+    """How long a client's deadline lets its request queue: less its own prefill."""
+    return max(0.0, client_deadline - own_prefill_s)
+
+
 def admission_headers(admission: Admission) -> dict[str, str]:
     headers = {
         "x-gateway-lane": admission.lane.name,
@@ -208,14 +215,22 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             record.client = client.name
         server = state.settings.server
         body = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
-        shape = await dialect.measure(body, state.settings.limits, state.counter)
+        shape = await dialect.measure(body, state.limits, state.counter)
         record.model = shape.model
         record.stream = shape.stream
         record.prompt_tokens = shape.prompt_tokens
         record.max_tokens_requested = shape.requested_max_tokens
         headers["x-gateway-prompt-tokens"] = str(shape.prompt_tokens)
         requested_lane = request.headers.get("X-Gateway-Lane")
-        admission = admit(shape, state.settings, client, requested_lane)
+        client_deadline = client_deadline_s(request.headers.get(DEADLINE_HEADER))
+        admission = admit(
+            shape,
+            state.settings,
+            client,
+            requested_lane,
+            limits=state.limits,
+            token_ratio=state.pool.token_ratio(None),
+        )
         if admission.override_ignored:
             state.events.warning(
                 "lane_override_ignored",
@@ -229,9 +244,24 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         headers.update(admission_headers(admission))
         state.pool.require_available(lane)
         backend_body = encode_backend_body(dialect.backend_body(shape, admission.budget))
+        state.prompt_sizes.add(lane, shape.prompt_tokens)
         record.enqueued = clock()
         scheduler, budget = state.scheduler, admission.budget
-        grant = held = await scheduler.acquire(lane, shape.prompt_tokens, budget.total)
+        note = WaitNote()
+        try:
+            grant = held = await scheduler.acquire(
+                lane,
+                shape.prompt_tokens,
+                budget.total,
+                client_deadline_s=None
+                if client_deadline is None
+                else queue_budget_s(
+                    client_deadline, state.pool.prefill_s(lane, shape.prompt_tokens)
+                ),
+                note=note,
+            )
+        finally:
+            record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
         record.dispatched = clock()
         headers.update(queue_headers(record.queue_ms))
         priority = state.settings.lanes.index(admission.lane)
@@ -274,8 +304,11 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.status = 500
         raise
     finally:
-        if grant is not None:
-            state.scheduler.release(grant)
         if record.end is None:
             record.end = clock()
+        if grant is not None:
+            try:
+                learn_from(record, grant.slot)
+            finally:
+                state.scheduler.release(grant)
         state.finish(record)

@@ -8,7 +8,7 @@ Each app gets its own registry so several gateways can live in one process
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -139,9 +139,18 @@ class GatewayMetrics:
             self.completion_tokens.labels(lane),
         )
 
-    def watch(self, scheduler: Scheduler, pool: BackendPool) -> None:
-        """Export queue depth and in-flight gauges read live from the scheduler and pool."""
+    def watch(
+        self,
+        scheduler: Scheduler,
+        pool: BackendPool,
+        floors: Mapping[str, float] | None = None,
+    ) -> None:
+        """Export queue depth, in-flight and learned figures read live from the scheduler
+        and pool (and the lanes' engine floors, by lane)."""
         self.registry.register(_LiveGauges(scheduler, pool))
+        self.registry.register(
+            _LearnedGauges(scheduler, pool, floors if floors is not None else {})
+        )
 
 
 class _LaneSeries(NamedTuple):
@@ -210,3 +219,88 @@ class _LiveGauges(Collector):
             ejections.add_metric(name, backend.ejections)
         yield from (depth, in_flight, limit, backend_in_flight, backend_slots, prefilling)
         yield from (outstanding, available, ejections)
+
+
+class _LearnedGauges(Collector):
+    """What the gateway learned of its backends and fitted its lanes to."""
+
+    def __init__(
+        self, scheduler: Scheduler, pool: BackendPool, floors: Mapping[str, float]
+    ) -> None:
+        self.scheduler = scheduler
+        self.pool = pool
+        self.floors = floors
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["backend"]
+        prefill = GaugeMetricFamily(
+            "gateway_backend_prefill_tokens_per_second",
+            "Learned prefill rate (gateway-counted prompt tokens per second), by backend.",
+            labels=labels,
+        )
+        decode = GaugeMetricFamily(
+            "gateway_backend_decode_tokens_per_second",
+            "Learned decode rate of one stream at the current concurrency, by backend.",
+            labels=labels,
+        )
+        overhead = GaugeMetricFamily(
+            "gateway_backend_ttft_overhead_seconds",
+            "Learned time to a first token beyond prefill, by backend.",
+            labels=labels,
+        )
+        ratio = GaugeMetricFamily(
+            "gateway_backend_token_ratio",
+            "Learned backend prompt tokens per gateway (tiktoken) token, by backend.",
+            labels=labels,
+        )
+        prefilling_s = GaugeMetricFamily(
+            "gateway_backend_prefill_seconds",
+            "Predicted prefill seconds in flight (the prefill budget's use), by backend.",
+            labels=labels,
+        )
+        waiting = GaugeMetricFamily(
+            "gateway_backend_engine_waiting",
+            "Requests the engine reports waiting in its own queue, by backend.",
+            labels=labels,
+        )
+        running = GaugeMetricFamily(
+            "gateway_backend_engine_running",
+            "Requests the engine reports running, by backend.",
+            labels=labels,
+        )
+        for backend in self.pool.backends:
+            name = [backend.name]
+            figures = backend.model.figures(max(1, backend.in_flight))
+            prefill.add_metric(name, figures.prefill_tokens_per_s)
+            decode.add_metric(name, figures.decode_tokens_per_s)
+            overhead.add_metric(name, figures.ttft_overhead_s)
+            ratio.add_metric(name, figures.token_ratio)
+            prefilling_s.add_metric(name, backend.prefilling_s)
+            if backend.engine_waiting is not None:
+                waiting.add_metric(name, backend.engine_waiting)
+            if backend.engine_running is not None:
+                running.add_metric(name, backend.engine_running)
+        deadline = GaugeMetricFamily(
+            "gateway_lane_deadline_seconds",
+            "Queue deadline in force, by lane (queue_timeout_s, or fitted to the engine).",
+            labels=["lane"],
+        )
+        floor = GaugeMetricFamily(
+            "gateway_lane_engine_floor_seconds",
+            "Measured engine floor of a lane: one long prefill ahead plus its own.",
+            labels=["lane"],
+        )
+        predicted = GaugeMetricFamily(
+            "gateway_lane_predicted_wait_seconds",
+            "Wait predicted for a request arriving now, by lane.",
+            labels=["lane"],
+        )
+        for lane in self.scheduler.lanes:
+            deadline.add_metric([lane.name], lane.deadline_s)
+            if lane.name in self.floors:
+                floor.add_metric([lane.name], self.floors[lane.name])
+            wait = self.scheduler.predicted_wait_s(lane.name)
+            if wait is not None:
+                predicted.add_metric([lane.name], wait)
+        yield from (prefill, decode, overhead, ratio, prefilling_s, waiting, running)
+        yield from (deadline, floor, predicted)

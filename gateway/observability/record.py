@@ -28,6 +28,10 @@ def _ms(start: float | None, end: float | None) -> float | None:
     return round((end - start) * 1000.0, 3)
 
 
+def _seconds_as_ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 3)
+
+
 @dataclass(slots=True)
 class RequestRecord:
     request_id: str
@@ -43,11 +47,16 @@ class RequestRecord:
     outcome: Outcome | None = None
     error_code: str | None = None
     prompt_tokens: int | None = None
+    #: The backend's own count of the prompt (its `usage.prompt_tokens`), when it says.
+    backend_prompt_tokens: int | None = None
     max_tokens_requested: int | None = None
     max_tokens: int | None = None
     completion_tokens: int | None = None
     #: Backends tried: 2 when the first failed before its first byte and it was retried.
     attempts: int = 0
+    #: The queue wait predicted at arrival, and the queue deadline in force (seconds).
+    predicted_wait_s: float | None = None
+    deadline_s: float | None = None
     #: When the request joined its lane's queue (after admission).
     enqueued: float | None = None
     #: When it got a slot and was sent to the backend.
@@ -96,10 +105,13 @@ class RequestRecord:
             "outcome": self.outcome,
             "error_code": self.error_code,
             "prompt_tokens": self.prompt_tokens,
+            "backend_prompt_tokens": self.backend_prompt_tokens,
             "max_tokens_requested": self.max_tokens_requested,
             "max_tokens": self.max_tokens,
             "completion_tokens": self.completion_tokens,
             "attempts": self.attempts,
+            "predicted_wait_ms": _seconds_as_ms(self.predicted_wait_s),
+            "deadline_ms": _seconds_as_ms(self.deadline_s),
             "queue_ms": self.queue_ms,
             "backend_ttft_ms": self.backend_ttft_ms,
             "ttft_ms": self.ttft_ms,

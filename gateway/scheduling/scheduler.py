@@ -4,14 +4,30 @@ A free slot goes to the oldest request of the highest-priority lane that may
 take one; a request queued longer than its lane's `promote_after_s` goes before
 all of them (oldest promoted first) while its lane runs fewer than
 `promoted_slots` requests, so long requests are never starved, yet a lane that
-is already progressing does not take slots from short requests waiting. A lane
-never holds more than its slot limit, so long requests can never fill every
-slot. Requests that would wait too long are refused at the door (429) instead
-of rotting in memory, and those that did wait too long get 503: a client with a
-fast error can retry elsewhere, a client with a 60 s timeout cannot.
+is already progressing does not take slots from short requests waiting.
+
+The split of slots is work-conserving: a lane with no competition may use every
+slot (up to its own `max_slot_share`), but while a higher lane that shares its
+backends has requests waiting, a lower lane gets a slot only below its
+`min_slots` floor, so it gives slots back as its requests end. Under overload
+the lowest lane is therefore shed first, and a short request is refused only
+when short requests alone exceed what the backends serve.
+
+Requests that would wait too long are refused at the door (429) instead of
+rotting in memory, and those that did wait too long get 503: a client with a
+fast error can retry elsewhere, a client with a 60 s timeout cannot. While a
+higher lane's requests are predicted to wait over half their deadline, the
+lanes below it are refused at arrival: their work is what overloads the
+backends. The wait is predicted from the request's place in line (its own lane's queue and those
+of the higher lanes that go first) times the lane's measured wait per place,
+a median over recent requests, so the prediction is calibrated against what
+queueing really cost, promotions, floors and prefill budgets included. A
+request's deadline is its lane's (which the app may raise to fit a slow
+engine) or the client's own, whichever is shorter.
 
 The scheduler knows nothing about HTTP or backends: a `SlotSource` hands out
-the actual slot (a backend) and says when none is free for a lane.
+the actual slot (a backend) and says when none is free for a lane. It reads
+one clock, passed in, and keeps no other state than its queues and figures.
 """
 
 from __future__ import annotations
@@ -26,10 +42,21 @@ from typing import Any, Protocol
 
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
+from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
 HOLD_EWMA_ALPHA = 0.2
 MAX_RETRY_AFTER_S = 60
+#: A request is refused at arrival when its predicted wait is over this share of its
+#: deadline: the prediction is a median, and a request admitted at the edge of its
+#: deadline would as likely time out after waiting as make it.
+REFUSE_AT_DEADLINE_SHARE = 0.8
+#: A lower lane is refused while a higher lane's arrivals are predicted to wait over
+#: this share of their deadline: the lowest lane is shed first, before any request of
+#: the higher lane is refused (at REFUSE_AT_DEADLINE_SHARE).
+SHED_LOWER_AT = 0.5
+#: Samples of the wait per place in line before they replace the structural guess.
+WAIT_SAMPLES_NEEDED = 5
 
 
 class SlotSource(Protocol):
@@ -59,11 +86,23 @@ class Grant:
 
 
 @dataclass(slots=True)
+class WaitNote:
+    """What admission to the queue decided for one request, for its log line."""
+
+    #: The wait predicted at arrival (None: nothing to go on yet).
+    predicted_wait_s: float | None = None
+    #: The queue deadline in force: the lane's, or the client's when shorter.
+    deadline_s: float | None = None
+
+
+@dataclass(slots=True)
 class _Waiter:
     enqueued_at: float
     prompt_tokens: int
     output_tokens: int
     future: asyncio.Future[Grant]
+    #: Its place in line at arrival: requests ahead of it plus one.
+    position: int = 1
     timer: asyncio.TimerHandle | None = None
 
 
@@ -75,10 +114,23 @@ class LaneState:
     in_flight: int = 0
     #: Moving average of how long a request of this lane holds its slot.
     hold_ewma_s: float | None = None
+    #: The queue deadline in force for this lane (queue_timeout_s, or raised to fit a
+    #: slow engine by the app).
+    deadline_s: float = 0.0
+    #: Measured seconds of waiting per place in line (median of recent requests).
+    wait_per_place: WindowedMedian = field(
+        default_factory=lambda: WindowedMedian(0.0, min_samples=WAIT_SAMPLES_NEEDED)
+    )
+    #: Lanes that go before this one and share some of its backends.
+    higher: list[LaneState] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.settings.name
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s:
+            self.deadline_s = self.settings.queue_timeout_s
 
 
 class Scheduler:
@@ -90,9 +142,16 @@ class Scheduler:
         slot_limits: dict[str, int],
         source: SlotSource,
         clock: Callable[[], float] = time.perf_counter,
+        competes: Callable[[str, str], bool] | None = None,
     ) -> None:
         self._lanes = [LaneState(lane, slot_limits[lane.name]) for lane in lanes]
         self._by_name = {lane.name: lane for lane in self._lanes}
+        for index, lane in enumerate(self._lanes):
+            lane.higher = [
+                other
+                for other in self._lanes[:index]
+                if competes is None or competes(lane.name, other.name)
+            ]
         self._source = source
         #: The one clock of every estimate (waits, hold times, promotion ages). Only the
         #: queue timeout is a loop timer: it must fire, not just be computed.
@@ -105,34 +164,97 @@ class Scheduler:
     def lane(self, name: str) -> LaneState:
         return self._by_name[name]
 
-    def predicted_wait_s(self, name: str) -> float | None:
-        """A lower bound on the wait of a request arriving now: None when unknown.
+    def set_slot_limit(self, name: str, slots: int) -> None:
+        """The lane's backends changed size (learned from the engine): serve the queues."""
+        self._by_name[name].slot_limit = max(1, slots)
+        self._dispatch()
 
-        It counts only this lane's own queue against its own slots, ignoring
-        higher lanes that may cut in, so it refuses only requests that surely
-        cannot make their deadline.
+    def set_deadline(self, name: str, deadline_s: float) -> None:
+        """The lane's queue deadline in force from now on (new arrivals)."""
+        self._by_name[name].deadline_s = deadline_s
+
+    # -- prediction ------------------------------------------------------------------
+
+    def _place_in_line(self, lane: LaneState) -> int:
+        """Requests that go before one arriving now in `lane`, plus one."""
+        return len(lane.queue) + sum(len(other.queue) for other in lane.higher) + 1
+
+    def _starts_now(self, lane: LaneState) -> bool:
+        return (
+            not lane.queue
+            and lane.in_flight < lane.slot_limit
+            and not any(other.queue for other in lane.higher)
+        )
+
+    def predicted_wait_s(self, name: str) -> float | None:
+        """The wait of a request arriving now in lane `name`; None when unknown.
+
+        Its place in line times the lane's measured wait per place; before enough
+        requests have waited, the lane's slot hold time over its slots per place.
         """
         lane = self._by_name[name]
-        if not lane.queue and lane.in_flight < lane.slot_limit:
+        if self._starts_now(lane):
             return 0.0
-        if lane.hold_ewma_s is None:
-            return None
-        return (len(lane.queue) + 1) * lane.hold_ewma_s / lane.slot_limit
+        place = self._place_in_line(lane)
+        if lane.wait_per_place.learned:
+            estimate: float | None = place * lane.wait_per_place.value
+        elif lane.hold_ewma_s is None:
+            estimate = None
+        else:
+            estimate = place * lane.hold_ewma_s / lane.slot_limit
+        if lane.hold_ewma_s is not None and any(other.queue for other in lane.higher):
+            # Pressed by a higher lane, it runs on its floor alone: at least this long.
+            on_floor = (len(lane.queue) + 1) * lane.hold_ewma_s / max(1, lane.settings.min_slots)
+            estimate = on_floor if estimate is None else max(estimate, on_floor)
+        return estimate
 
-    def _retry_after(self, lane: LaneState) -> int:
+    def pressing_lane(self, name: str) -> LaneState | None:
+        """A higher lane sharing backends with `name` whose arrivals are predicted to
+        wait over `SHED_LOWER_AT` of their deadline: while it is, `name` is shed."""
+        for other in self._by_name[name].higher:
+            wait = self.predicted_wait_s(other.name)
+            if wait is not None and wait > SHED_LOWER_AT * other.deadline_s:
+                return other
+        return None
+
+    def _retry_after(self, lane: LaneState, beyond_s: float = 0.0) -> int:
+        """Seconds until a retry may fit: the predicted wait past `beyond_s`."""
         wait = self.predicted_wait_s(lane.name)
         if wait is None:
             wait = lane.hold_ewma_s or 1.0
-        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait)))
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait - beyond_s)))
 
-    async def acquire(self, name: str, prompt_tokens: int = 0, output_tokens: int = 0) -> Grant:
+    def deadline_for(self, name: str, client_deadline_s: float | None = None) -> float:
+        """The queue deadline of a request of lane `name`: the lane's or the client's."""
+        lane_deadline = self._by_name[name].deadline_s
+        if client_deadline_s is None:
+            return lane_deadline
+        return max(0.0, min(lane_deadline, client_deadline_s))
+
+    # -- the queue -------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        name: str,
+        prompt_tokens: int = 0,
+        output_tokens: int = 0,
+        *,
+        client_deadline_s: float | None = None,
+        note: WaitNote | None = None,
+    ) -> Grant:
         """Wait for a slot in lane `name`; a Refusal when refused or timed out.
 
+        `client_deadline_s`: how long the client lets this request wait in the queue
+        (from its own deadline); the lane's deadline applies when it is shorter.
         Cancelling the caller (client went away) leaves the queue at once.
         """
         lane = self._by_name[name]
         settings = lane.settings
         now = self._now()
+        deadline = self.deadline_for(name, client_deadline_s)
+        predicted = self.predicted_wait_s(name)
+        if note is not None:
+            note.predicted_wait_s, note.deadline_s = predicted, deadline
         if len(lane.queue) >= settings.max_queue_depth and (
             lane.queue or lane.in_flight >= lane.slot_limit
         ):
@@ -141,14 +263,24 @@ class Scheduler:
                 "Retry after the delay in Retry-After.",
                 retry_after_s=self._retry_after(lane),
             )
-        if settings.reject_predicted_wait:
-            predicted = self.predicted_wait_s(name)
-            if predicted is not None and predicted > settings.queue_timeout_s:
-                raise WaitTooLong(
-                    f"The '{name}' lane would make this request wait about {predicted:.0f} s, "
-                    f"over its {settings.queue_timeout_s:g} s limit.",
-                    retry_after_s=self._retry_after(lane),
-                )
+        pressing = self.pressing_lane(name) if settings.reject_predicted_wait else None
+        if pressing is not None:
+            raise WaitTooLong(
+                f"The '{name}' lane is shed while the '{pressing.name}' lane's requests wait "
+                "close to their deadline (the backends are full with higher-priority work).",
+                retry_after_s=self._retry_after(pressing),
+            )
+        if (
+            settings.reject_predicted_wait
+            and predicted is not None
+            and predicted > REFUSE_AT_DEADLINE_SHARE * deadline
+        ):
+            whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"
+            raise WaitTooLong(
+                f"The '{name}' lane would make this request wait about {predicted:.1f} s, "
+                f"too close to {whose} {deadline:.3g} s limit.",
+                retry_after_s=self._retry_after(lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s),
+            )
         if lane.in_flight < lane.slot_limit and not any(other.queue for other in self._lanes):
             # Nobody waits anywhere: what dispatching would do, without queueing a future.
             slot = self._source.try_take(name, prompt_tokens, output_tokens)
@@ -156,12 +288,18 @@ class Scheduler:
                 lane.in_flight += 1
                 return Grant(name, slot, 0.0, now)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(now, prompt_tokens, output_tokens, loop.create_future())
+        waiter = _Waiter(
+            now,
+            prompt_tokens,
+            output_tokens,
+            loop.create_future(),
+            position=self._place_in_line(lane),
+        )
         lane.queue.append(waiter)
         self._dispatch()
         if waiter.future.done():
             return waiter.future.result()
-        waiter.timer = loop.call_later(settings.queue_timeout_s, self._expire, lane, waiter)
+        waiter.timer = loop.call_later(deadline, self._expire, lane, waiter, deadline)
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -170,13 +308,15 @@ class Scheduler:
         finally:
             waiter.timer.cancel()
 
-    def _expire(self, lane: LaneState, waiter: _Waiter) -> None:
+    def _expire(self, lane: LaneState, waiter: _Waiter, deadline: float) -> None:
         if waiter.future.done():
             return
         self._remove(lane, waiter)
+        # It would have waited at least this long: a (low) sample all the same.
+        lane.wait_per_place.add(deadline / waiter.position)
         waiter.future.set_exception(
             QueueTimeout(
-                f"Waited {lane.settings.queue_timeout_s:g} s in the '{lane.name}' lane's queue "
+                f"Waited {deadline:.3g} s in the '{lane.name}' lane's queue "
                 "without getting a backend slot.",
                 retry_after_s=self._retry_after(lane),
             )
@@ -209,7 +349,7 @@ class Scheduler:
         else:
             lane.hold_ewma_s += HOLD_EWMA_ALPHA * (held - lane.hold_ewma_s)
         self._source.give_back(grant.slot)
-        self._dispatch()
+        self._dispatch(released=lane)
 
     def prefill_done(self, grant: Grant) -> None:
         """The backend started answering: its prefill budget may admit the next prompt."""
@@ -242,11 +382,14 @@ class Scheduler:
         """Slots appeared outside of `release` (a backend came back): serve the queues."""
         self._dispatch()
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, released: LaneState | None = None) -> None:
+        if released is not None and not self._grant_one(keeping=released):
+            return
         while self._grant_one():
             pass
 
-    def _grant_one(self) -> bool:
+    def _grant_one(self, keeping: LaneState | None = None) -> bool:
+        """Grant one slot; `keeping`: the lane that just released one (it may keep it)."""
         now = self._now()
         ready = []
         for lane in self._lanes:
@@ -257,6 +400,12 @@ class Scheduler:
                 ready.append(lane)
         if not ready:
             return False
+        # Work-conserving split: under a waiting higher lane, a lower one gets no new slot;
+        # the slot it just gave back it keeps only to stay at its floor (nothing starves).
+        pressed = [lane for lane in ready if any(other in ready for other in lane.higher)]
+        kept = [
+            lane for lane in pressed if lane is keeping and lane.in_flight < lane.settings.min_slots
+        ]
         promoted = sorted(
             (
                 lane
@@ -267,13 +416,17 @@ class Scheduler:
             ),
             key=lambda lane: lane.queue[0].enqueued_at,
         )
-        for lane in promoted + [lane for lane in ready if lane not in promoted]:
+        order = promoted + [lane for lane in kept if lane not in promoted]
+        order += [lane for lane in ready if lane not in pressed and lane not in order]
+        for lane in order:
             head = lane.queue[0]
             slot = self._source.try_take(lane.name, head.prompt_tokens, head.output_tokens)
             if slot is None:
                 continue
             waiter = lane.queue.popleft()
             lane.in_flight += 1
-            waiter.future.set_result(Grant(lane.name, slot, now - waiter.enqueued_at, now))
+            waited = now - waiter.enqueued_at
+            lane.wait_per_place.add(waited / waiter.position)
+            waiter.future.set_result(Grant(lane.name, slot, waited, now))
             return True
         return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -22,6 +23,8 @@ class HealthMonitor:
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        #: Runs after each round of checks with the checks' session (the sizer's round).
+        self.after_round: Callable[[aiohttp.ClientSession], Awaitable[None]] | None = None
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -29,6 +32,11 @@ class HealthMonitor:
             timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
         )
         self._task = asyncio.create_task(self._run(), name="health-checks")
+
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        """The checks' HTTP session (for other calls to the backends' own routes)."""
+        return self._session
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -41,6 +49,8 @@ class HealthMonitor:
     async def _run(self) -> None:
         while True:
             await self.check_all()
+            if self.after_round is not None and self._session is not None:
+                await self.after_round(self._session)
             await asyncio.sleep(self.settings.interval_s)
 
     async def check_all(self) -> None:

@@ -5,19 +5,32 @@ run on it at once. Keeping that number near the engine's batch size keeps the
 queue in the gateway, where lanes can order it, rather than in the engine,
 which serves first-come-first-served.
 
-Each backend also has a prefill budget (`max_prefill_tokens`): the prompt
-tokens the gateway lets it prefill at once, counted from dispatch to the first
-byte of the answer. Engines prefill waiting prompts in arrival order, so a
-short request dispatched behind two 3000-token prompts waits for both; with the
-budget, at most one long prompt is in prefill at a time and a short one waits
-for at most that. Engine prefill is serial anyway, so holding the second long
-prompt back costs it almost nothing. A prompt bigger than the budget still
-goes, alone.
+Each backend also has a prefill budget in seconds (`prefill_budget_s`): the
+predicted prefill time of the prompts it may be prefilling at once, counted
+from dispatch to the first byte of the answer, predicted from the backend's
+learned prefill rate (`scheduling/learning.py`). Engines prefill waiting
+prompts in arrival order, so a short request dispatched behind two long
+prompts waits for both; with the budget a short one waits for at most one
+long prefill, and the gateway, not the engine, decides what goes next when
+it ends. Engine prefill is serial anyway, so holding a long prompt back costs
+it almost nothing. A prompt bigger than the budget still goes, alone. In
+seconds, not tokens, so the same default lets an H100 prefill several long
+prompts at once and a CPU one. (`max_prefill_tokens` is an optional hard cap
+in tokens on top.)
+
+Engines that report a queue of their own (`/metrics`: requests waiting inside
+the engine, invisible to the lanes) get no more requests than they actually
+run until the queue is gone: a request waiting there could not be reordered.
 
 Balancing: among the available backends a lane may use that have a free slot
-(and prefill room), the one with the fewest outstanding tokens per unit of
-weight wins (prompt + max_tokens of its in-flight requests): token counts, not
-request counts, are what fill an engine. Ties go to the fewest in-flight.
+(and prefill room), the one that would give the soonest first token wins: its
+predicted prefill in flight plus this prompt's, at its learned rate, so a
+backend four times slower gets a request only when the fast one is busy
+enough to be slower still. Between equally soon ones, the fewest outstanding
+tokens per unit of weight (prompt + max_tokens of its in-flight requests):
+token counts, not request counts, are what fill an engine. Then the fewest
+in-flight. An unlearned backend looks fast (the prior), so it is tried soon
+and learned within a few requests.
 
 Health: a backend is available while its last active check passed and it is
 not ejected. Consecutive failures (connect errors, 5xx, first-byte timeouts)
@@ -28,10 +41,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gateway.config import BackendSettings, HealthSettings
+from gateway.config import DEFAULT_MAX_CONCURRENCY, BackendSettings, HealthSettings
 from gateway.outcomes import NoBackend, Outcome
+from gateway.scheduling.learning import BackendModel
 
 
 @dataclass(slots=True, eq=False)
@@ -41,14 +55,22 @@ class Backend:
     name: str
     url: str
     max_concurrency: int
-    #: 0: no prefill budget.
+    #: 0: no prefill budget in tokens.
     max_prefill_tokens: int = 0
+    #: Predicted prefill seconds the backend may have in flight; 0: no such budget.
+    prefill_budget_s: float = 0.0
     weight: float = 1.0
     api_key: str | None = None
     priority_field: bool = False
+    #: max_concurrency came from the config (else from the engine, or the default).
+    concurrency_configured: bool = True
     in_flight: int = 0
+    #: Requests ever sent here (so a probe can tell it had the backend to itself).
+    dispatches: int = 0
     #: Prompt tokens of requests sent here that have not answered their first byte.
     prefilling_tokens: int = 0
+    #: Predicted prefill seconds of those requests.
+    prefilling_s: float = 0.0
     #: Prompt + max_tokens of the requests in flight here.
     outstanding_tokens: int = 0
     #: The last active health check passed (optimistic until the first one).
@@ -57,30 +79,81 @@ class Backend:
     ejected_until: float = 0.0
     consecutive_failures: int = 0
     ejections: int = 0
+    #: Its learned service rates.
+    model: BackendModel = field(default_factory=BackendModel)
+    #: Requests the engine itself reports waiting in its queue (None: not reported).
+    engine_waiting: float | None = None
+    engine_running: float | None = None
+    engine_kv_usage: float | None = None
+    #: While the engine reports a queue: the most requests it actually runs of ours.
+    engine_limit: int | None = None
+    #: The context window the engine reports (tokens), when it does.
+    engine_context_tokens: int | None = None
+    _prefilling: set[Slot] = field(default_factory=set)
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> Backend:
         return cls(
             name=settings.name,
             url=settings.url.rstrip("/"),
-            max_concurrency=settings.max_concurrency,
+            max_concurrency=settings.max_concurrency or DEFAULT_MAX_CONCURRENCY,
             max_prefill_tokens=settings.max_prefill_tokens,
+            prefill_budget_s=settings.prefill_budget_s,
             weight=settings.weight,
             api_key=settings.api_key,
             priority_field=settings.priority_field,
+            concurrency_configured=settings.max_concurrency is not None,
         )
 
     @property
+    def slot_limit(self) -> int:
+        """Slots usable now: max_concurrency, or fewer while the engine reports a queue."""
+        if self.engine_limit is None:
+            return self.max_concurrency
+        return min(self.max_concurrency, self.engine_limit)
+
+    @property
     def free_slots(self) -> int:
-        return self.max_concurrency - self.in_flight
+        return self.slot_limit - self.in_flight
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.ejected_until
 
     def can_prefill(self, prompt_tokens: int) -> bool:
-        if not self.max_prefill_tokens or not self.prefilling_tokens:
+        """Room in the prefill budget; a prompt over it goes when nothing else prefills."""
+        if not self.prefilling_tokens:
             return True
-        return self.prefilling_tokens + prompt_tokens <= self.max_prefill_tokens
+        if self.max_prefill_tokens and (
+            self.prefilling_tokens + prompt_tokens > self.max_prefill_tokens
+        ):
+            return False
+        if self.prefill_budget_s:
+            return self.prefilling_s + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
+        return True
+
+    def prefill_ahead_tokens(self, now: float) -> int:
+        """Prompt tokens predicted still to prefill for requests dispatched here before."""
+        rate = self.model.prefill_tokens_per_s
+        return sum(
+            max(0, slot.prompt_tokens - int((now - slot.dispatched_at) * rate))
+            for slot in self._prefilling
+        )
+
+    def note_engine_load(
+        self,
+        waiting: float | None,
+        running: float | None,
+        kv_usage: float | None,
+        *,
+        hold: bool = True,
+    ) -> None:
+        """What the engine's own metrics say: hold dispatch while it has a queue (and
+        `hold`: the caller has seen it long enough to trust it)."""
+        self.engine_waiting, self.engine_running, self.engine_kv_usage = waiting, running, kv_usage
+        if hold and waiting is not None and waiting >= 1:
+            self.engine_limit = max(1, self.in_flight - int(waiting))
+        else:
+            self.engine_limit = None
 
 
 @dataclass(slots=True, eq=False)
@@ -90,6 +163,13 @@ class Slot:
     backend: Backend
     prompt_tokens: int
     output_tokens: int
+    dispatched_at: float = 0.0
+    #: Predicted seconds of its prefill (what it holds of the prefill budget).
+    prefill_s: float = 0.0
+    #: Prompt tokens predicted still in prefill ahead of it when it was dispatched.
+    ahead_tokens: int = 0
+    #: The engine was reporting a queue of its own (its TTFT is not a clean sample).
+    engine_queued: bool = False
     prefilling: bool = True
 
 
@@ -118,6 +198,15 @@ class BackendPool:
     def backends_of(self, lane: str) -> list[Backend]:
         return self._lane_backends.get(lane, self.backends)
 
+    def slots_of(self, lane: str) -> int:
+        """Slots of the backends a lane may use (their max_concurrency)."""
+        return sum(b.max_concurrency for b in self.backends_of(lane))
+
+    def shares_backends(self, lane: str, other: str) -> bool:
+        """The two lanes compete for slots: some backend serves both."""
+        mine = self.backends_of(lane)
+        return any(b in mine for b in self.backends_of(other))
+
     def has_available(self, lane: str | None = None) -> bool:
         now = self.clock()
         candidates = self.backends if lane is None else self.backends_of(lane)
@@ -131,6 +220,17 @@ class BackendPool:
                 retry_after_s=self.health.interval_s,
             )
 
+    def token_ratio(self, lane: str | None = None) -> float:
+        """The backends' tokens per gateway token (of a lane's, or all): the largest, so a
+        cap holds on every backend; 1.0 when unknown."""
+        backends = self.backends if lane is None else self.backends_of(lane)
+        ratios = [b.model.token_ratio for b in backends]
+        return max(ratios) if ratios else 1.0
+
+    def prefill_s(self, lane: str, prompt_tokens: int) -> float:
+        """Predicted prefill of a prompt on the slowest backend of a lane."""
+        return max((b.model.prefill_s(prompt_tokens) for b in self.backends_of(lane)), default=0.0)
+
     def try_take(
         self,
         lane: str,
@@ -142,7 +242,7 @@ class BackendPool:
         now = self.clock()
         avoid = exclude.backend if exclude is not None else None
         best: Backend | None = None
-        best_key = (0.0, 0)
+        best_key = (0, 0.0, 0)
         for backend in self.backends_of(lane):
             if (
                 backend is avoid
@@ -151,21 +251,42 @@ class BackendPool:
                 or not backend.can_prefill(prompt_tokens)
             ):
                 continue
-            key = (backend.outstanding_tokens / backend.weight, backend.in_flight)
+            # The soonest first token (in 10 ms steps, so equal backends tie), then the
+            # fewest outstanding tokens per unit of weight.
+            ttft = backend.prefilling_s + backend.model.prefill_s(prompt_tokens)
+            key = (int(ttft * 100), backend.outstanding_tokens / backend.weight, backend.in_flight)
             if best is None or key < best_key:
                 best, best_key = backend, key
         if best is None:
             return None
+        slot = Slot(
+            best,
+            prompt_tokens,
+            output_tokens,
+            dispatched_at=now,
+            prefill_s=best.model.prefill_s(prompt_tokens),
+            ahead_tokens=best.prefill_ahead_tokens(now) if best.prefilling_tokens else 0,
+            engine_queued=best.engine_limit is not None,
+        )
         best.in_flight += 1
+        best.dispatches += 1
         best.prefilling_tokens += prompt_tokens
+        best.prefilling_s += slot.prefill_s
         best.outstanding_tokens += prompt_tokens + output_tokens
-        return Slot(best, prompt_tokens, output_tokens)
+        best._prefilling.add(slot)
+        return slot
 
     def prefill_done(self, slot: Slot) -> None:
         """The backend answered its first byte: the prompt is no longer in prefill."""
         if slot.prefilling:
             slot.prefilling = False
-            slot.backend.prefilling_tokens -= slot.prompt_tokens
+            backend = slot.backend
+            backend.prefilling_tokens -= slot.prompt_tokens
+            backend._prefilling.discard(slot)
+            # Summed floats drift: recompute the total from what is left.
+            backend.prefilling_s = (
+                sum(s.prefill_s for s in backend._prefilling) if backend._prefilling else 0.0
+            )
 
     def give_back(self, slot: Slot) -> None:
         self.prefill_done(slot)

@@ -118,6 +118,7 @@ class StreamWatcher:
         "strip_usage",
         "first_token_seen",
         "completion_tokens",
+        "prompt_tokens",
         "done",
         "backend_error",
         "_rest",
@@ -127,6 +128,8 @@ class StreamWatcher:
         self.strip_usage = strip_usage
         self.first_token_seen = False
         self.completion_tokens: int | None = None
+        #: The backend's own count of the prompt (usage.prompt_tokens), when it says.
+        self.prompt_tokens: int | None = None
         #: The stream's own end marker was seen ([DONE], or TGI's final event).
         self.done = False
         #: The backend reported an error inside the stream (`{"error": ...}`).
@@ -230,6 +233,9 @@ class OpenAIStreamWatcher(StreamWatcher):
             tokens = usage.get("completion_tokens")
             if type(tokens) is int:
                 self.completion_tokens = tokens
+            prompt = usage.get("prompt_tokens")
+            if type(prompt) is int:
+                self.prompt_tokens = prompt
             if self.strip_usage and chunk.get("choices") == []:
                 return False
         return True

@@ -527,7 +527,7 @@ async def test_metrics_report_lanes_and_requests(
     assert 'gateway_queue_wait_seconds_count{lane="interactive"} 1.0' in text
     assert 'gateway_ttft_seconds_count{lane="interactive"} 1.0' in text
     assert 'gateway_queue_depth{lane="bulk"} 0.0' in text
-    assert 'gateway_lane_slot_limit{lane="bulk"} 4.0' in text
+    assert 'gateway_lane_slot_limit{lane="bulk"} 8.0' in text  # work-conserving: every slot
     async with http.get(gateway.url + "/readyz") as resp:
         assert resp.status == 200
     async with http.get(gateway.url + "/healthz") as resp:

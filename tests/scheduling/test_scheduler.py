@@ -14,7 +14,7 @@ import pytest
 from gateway.config import LaneSettings
 from gateway.http.errors import status_of
 from gateway.outcomes import Refusal
-from gateway.scheduling.scheduler import Grant, Scheduler
+from gateway.scheduling.scheduler import Grant, Scheduler, WaitNote
 
 
 class CountingSlots:
@@ -259,3 +259,142 @@ async def test_promotion_guarantees_progress_not_priority() -> None:
     scheduler.release(short.result())
     scheduler.release(await asyncio.wait_for(aged, 1))
     scheduler.release(running_bulk)
+
+
+# -- the work-conserving split, deadlines, calibrated prediction -------------------------
+
+
+async def test_a_lane_without_competition_uses_every_slot() -> None:
+    scheduler, source = make(4)
+    bulk = [await asyncio.wait_for(scheduler.acquire("bulk"), 1) for _ in range(4)]
+    assert source.free == 0 and scheduler.lane("bulk").in_flight == 4
+    for grant in bulk:
+        scheduler.release(grant)
+
+
+async def test_under_a_waiting_higher_lane_a_lower_one_gives_back_down_to_its_floor() -> None:
+    scheduler, source = make(3, bulk={"min_slots": 1})
+    bulk = [await scheduler.acquire("bulk") for _ in range(3)]
+    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
+    more_bulk = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    scheduler.release(bulk[0])  # interactive waits: the slot is given back to it
+    await settle()
+    assert shorts[0].done() and not more_bulk.done()
+    scheduler.release(bulk[1])
+    await settle()
+    assert shorts[1].done() and not more_bulk.done()
+    scheduler.release(bulk[2])  # bulk would drop to 0 running: its floor keeps one
+    await settle()
+    assert more_bulk.done() and not shorts[2].done()
+    assert scheduler.lane("bulk").in_flight == 1
+    scheduler.release(more_bulk.result())
+    for task in shorts:
+        scheduler.release(await asyncio.wait_for(task, 1))
+    assert source.free == 3
+
+
+async def test_a_floor_of_zero_sheds_the_lower_lane_entirely() -> None:
+    scheduler, _ = make(1, bulk={"min_slots": 0})
+    held = await scheduler.acquire("bulk")
+    short = asyncio.create_task(scheduler.acquire("interactive"))
+    bulk = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    scheduler.release(held)
+    await settle()
+    assert short.done() and not bulk.done()
+    scheduler.release(short.result())
+    scheduler.release(await asyncio.wait_for(bulk, 1))
+
+
+async def test_the_client_deadline_applies_when_shorter_than_the_lane() -> None:
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 30})
+    held = await scheduler.acquire("interactive")
+    note = WaitNote()
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(Refusal) as timed_out:
+        await scheduler.acquire("interactive", client_deadline_s=0.1, note=note)
+    assert timed_out.value.code == "queue_timeout"
+    assert asyncio.get_running_loop().time() - started < 2
+    assert note.deadline_s == 0.1
+    # A client deadline longer than the lane's does not extend it.
+    assert scheduler.deadline_for("interactive", 99.0) == 30
+    scheduler.release(held)
+
+
+async def test_a_fitted_lane_deadline_applies_to_new_arrivals() -> None:
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 0.05})
+    scheduler.set_deadline("interactive", 5.0)
+    held = await scheduler.acquire("interactive")
+    waiter = asyncio.create_task(scheduler.acquire("interactive"))
+    await asyncio.sleep(0.2)  # past the configured 0.05 s, within the fitted 5 s
+    assert not waiter.done()
+    scheduler.release(held)
+    scheduler.release(await asyncio.wait_for(waiter, 1))
+
+
+async def test_prediction_is_calibrated_by_measured_waits_per_place() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 100}, clock=clock)
+    for _ in range(6):  # each request waits 2 s in first place in line
+        held = await scheduler.acquire("interactive")
+        note = WaitNote()
+        waiter = asyncio.create_task(scheduler.acquire("interactive", note=note))
+        await settle()
+        clock.advance(2.0)
+        scheduler.release(held)
+        scheduler.release(await asyncio.wait_for(waiter, 1))
+    assert scheduler.lane("interactive").wait_per_place.value == pytest.approx(2.0)
+    held = await scheduler.acquire("interactive")
+    queued = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(2)]
+    await settle()
+    # Two ahead: third place in line, 2 s a place.
+    assert scheduler.predicted_wait_s("interactive") == pytest.approx(6.0)
+    # Higher lanes' waiters count as ahead of a lower lane's arrival.
+    assert scheduler._place_in_line(scheduler.lane("bulk")) == 3
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    scheduler.release(held)
+
+
+async def test_refusal_names_the_client_deadline_and_retry_after_from_the_estimate() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 100}, clock=clock)
+    lane = scheduler.lane("interactive")
+    for _ in range(10):
+        lane.wait_per_place.add(1.0)
+    held = await scheduler.acquire("interactive")
+    queued = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
+    await settle()
+    with pytest.raises(Refusal) as refused:
+        await scheduler.acquire("interactive", client_deadline_s=2.0)
+    assert refused.value.code == "wait_too_long" and "your" in refused.value.message
+    assert refused.value.retry_after_s == 1  # 4 s predicted, the lane allows 80 s
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    scheduler.release(held)
+
+
+async def test_a_lower_lane_is_shed_while_a_higher_one_waits_near_its_deadline() -> None:
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 10}, bulk={"queue_timeout_s": 100})
+    for _ in range(10):
+        scheduler.lane("interactive").wait_per_place.add(3.0)
+    held = await scheduler.acquire("interactive")
+    one = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    # A short arriving now would be second in line: 6 s of its 10 s deadline.
+    assert scheduler.pressing_lane("bulk") is scheduler.lane("interactive")
+    with pytest.raises(Refusal) as shed:
+        await scheduler.acquire("bulk")
+    assert shed.value.code == "wait_too_long" and "'interactive'" in shed.value.message
+    # The short itself is still admitted (6 s is under 80% of 10 s).
+    two = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    assert not two.done()
+    scheduler.release(held)
+    scheduler.release(await asyncio.wait_for(one, 1))
+    scheduler.release(await asyncio.wait_for(two, 1))
+    assert scheduler.pressing_lane("bulk") is None
+    scheduler.release(await scheduler.acquire("bulk"))

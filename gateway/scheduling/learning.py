@@ -1,0 +1,195 @@
+"""What the gateway learns about each backend from its own traffic: how fast it is.
+
+Fixed numbers in a config assume one kind of engine; the same defaults must work
+in front of an H100 running vLLM and a CPU running llama.cpp, whose prefill
+rates differ a hundredfold. So each backend gets a `BackendModel`, fed with the
+records of the requests it served:
+
+- **prefill rate** (prompt tokens per second): backend TTFT against the prompt
+  tokens it had to prefill first, its own plus those still in prefill ahead of
+  it on that backend when it was dispatched;
+- **TTFT overhead**: what a first token costs beyond prefill (a decode step,
+  the network), so a tiny prompt is not predicted at zero;
+- **decode time per token** (TPOT) by how many streams ran beside it;
+- **token ratio**: the backend's own `usage.prompt_tokens` over the gateway's
+  tiktoken count, since tiktoken is not the model's tokenizer.
+
+Every figure is the median of a window of recent samples: robust to outliers (a
+GC pause, a cold cache) and quick to follow a change of hardware. Before enough
+samples it is a prior, a middle-of-the-road GPU engine, so a fast backend is
+never held back on its first requests and a slow one is learned within a few.
+
+Pure arithmetic: no clock, no I/O; the caller passes measured durations in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+#: Samples each median is taken over.
+WINDOW = 48
+#: Samples needed before a median replaces the prior.
+MIN_SAMPLES = 3
+#: Prior prefill rate: 4096 prompt tokens in 0.5 s, the old token budget in seconds.
+PRIOR_PREFILL_TOKENS_PER_S = 8192.0
+PRIOR_TTFT_OVERHEAD_S = 0.02
+PRIOR_TPOT_S = 0.02
+#: Prompts smaller than this say little about the prefill rate (overhead dominates).
+MIN_PREFILL_SAMPLE_TOKENS = 256
+#: A learned token ratio is kept within these bounds (a garbled `usage` cannot
+#: make the gateway refuse everything, or let anything through).
+TOKEN_RATIO_BOUNDS = (0.5, 2.0)
+#: Concurrency buckets of the TPOT table: 1, 2, 3-4, 5-8, 9-16, 17-32, 33+.
+_TPOT_BUCKET_TOPS = (1, 2, 4, 8, 16, 32)
+
+
+class WindowedMedian:
+    """The median of the last `window` samples, or `prior` before `min_samples`."""
+
+    __slots__ = ("prior", "min_samples", "_samples", "_value")
+
+    def __init__(self, prior: float, window: int = WINDOW, min_samples: int = MIN_SAMPLES) -> None:
+        self.prior = prior
+        self.min_samples = min_samples
+        self._samples: deque[float] = deque(maxlen=window)
+        self._value = prior
+
+    def add(self, sample: float) -> None:
+        self._samples.append(sample)
+        if len(self._samples) >= self.min_samples:
+            self._value = statistics.median(self._samples)
+
+    @property
+    def value(self) -> float:
+        return self._value
+
+    @property
+    def learned(self) -> bool:
+        return len(self._samples) >= self.min_samples
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+
+def _tpot_bucket(streams: int) -> int:
+    for index, top in enumerate(_TPOT_BUCKET_TOPS):
+        if streams <= top:
+            return index
+    return len(_TPOT_BUCKET_TOPS)
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedFigures:
+    """A backend's learned figures, for metrics, logs and `GET /debug/backends`."""
+
+    prefill_tokens_per_s: float
+    ttft_overhead_s: float
+    decode_tokens_per_s: float
+    token_ratio: float
+    prefill_samples: int
+    decode_samples: int
+    token_samples: int
+
+    def to_json(self) -> dict[str, float | int]:
+        return {
+            "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 1),
+            "ttft_overhead_ms": round(self.ttft_overhead_s * 1000.0, 1),
+            "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "token_ratio": round(self.token_ratio, 3),
+            "prefill_samples": self.prefill_samples,
+            "decode_samples": self.decode_samples,
+            "token_samples": self.token_samples,
+        }
+
+
+class BackendModel:
+    """One backend's service rates, learned from the requests it served."""
+
+    def __init__(self) -> None:
+        self._prefill_rate = WindowedMedian(PRIOR_PREFILL_TOKENS_PER_S)
+        self._overhead = WindowedMedian(PRIOR_TTFT_OVERHEAD_S)
+        self._tpot_all = WindowedMedian(PRIOR_TPOT_S)
+        self._tpot_by_streams: dict[int, WindowedMedian] = {}
+        self._token_ratio = WindowedMedian(1.0)
+
+    # -- learning ------------------------------------------------------------------
+
+    def observe_ttft(self, prompt_tokens: int, ahead_tokens: int, ttft_s: float) -> None:
+        """A stream's first token came `ttft_s` after dispatch.
+
+        `ahead_tokens`: prompt tokens of other requests that were in prefill on
+        the backend when this one was dispatched (engines prefill in order).
+        Small prompts teach the fixed cost of a first token, large ones the rate
+        (their time beyond that cost, per token): two medians, no regression to
+        be thrown off by one wild sample.
+        """
+        if ttft_s <= 0:
+            return
+        work = prompt_tokens + max(0, ahead_tokens)
+        if work < MIN_PREFILL_SAMPLE_TOKENS:
+            self._overhead.add(max(0.0, ttft_s - work / self._prefill_rate.value))
+            return
+        beyond = ttft_s - min(self._overhead.value, 0.5 * ttft_s)
+        self._prefill_rate.add(work / max(beyond, 1e-6))
+
+    def observe_tpot(self, tpot_s: float, streams: int) -> None:
+        """Mean time per output token of a stream that ran beside `streams` streams (itself
+        included)."""
+        if tpot_s <= 0:
+            return
+        self._tpot_all.add(tpot_s)
+        bucket = self._tpot_by_streams.setdefault(_tpot_bucket(max(1, streams)), WindowedMedian(0))
+        bucket.add(tpot_s)
+
+    def observe_prompt_count(self, gateway_tokens: int, backend_tokens: int) -> None:
+        """The backend's own count of a prompt the gateway counted `gateway_tokens`."""
+        if gateway_tokens < 16 or backend_tokens <= 0:
+            return
+        low, high = TOKEN_RATIO_BOUNDS
+        self._token_ratio.add(min(high, max(low, backend_tokens / gateway_tokens)))
+
+    # -- predictions ---------------------------------------------------------------
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self._prefill_rate.value
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        """Predicted dispatch-to-first-token of a prompt on an otherwise idle prefill."""
+        return self._overhead.value + prompt_tokens / self._prefill_rate.value
+
+    def tpot_s(self, streams: int) -> float:
+        """Predicted time per output token with `streams` streams running."""
+        bucket = self._tpot_by_streams.get(_tpot_bucket(max(1, streams)))
+        if bucket is not None and bucket.learned:
+            return bucket.value
+        return self._tpot_all.value
+
+    @property
+    def token_ratio(self) -> float:
+        return self._token_ratio.value
+
+    @property
+    def prefill_learned(self) -> bool:
+        return self._prefill_rate.learned
+
+    def figures(self, streams: int = 1) -> LearnedFigures:
+        return LearnedFigures(
+            prefill_tokens_per_s=self._prefill_rate.value,
+            ttft_overhead_s=self._overhead.value,
+            decode_tokens_per_s=1.0 / self.tpot_s(streams),
+            token_ratio=self._token_ratio.value,
+            prefill_samples=len(self._prefill_rate),
+            decode_samples=len(self._tpot_all),
+            token_samples=len(self._token_ratio),
+        )
+
+
+def changed_a_lot(before: float, after: float, factor: float = 1.5) -> bool:
+    """True when `after` is more than `factor` times `before` or less than 1/factor."""
+    if before <= 0 or after <= 0:
+        return before != after
+    ratio = after / before
+    return ratio > factor or ratio < 1 / factor

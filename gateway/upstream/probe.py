@@ -1,0 +1,83 @@
+"""Measure a backend's prefill with two tiny requests: `check-config --probe` and start-up.
+
+Before any traffic the gateway's backend models hold a prior (a fast GPU
+engine). Two streamed completions with one output token each, a short prompt
+and a long one, give the fixed cost of a first token and the prefill rate at
+once, so the lanes' deadlines can be fitted (and a deadline below the engine
+floor warned about, with the numbers) before the first user waits. The
+prompts are random words, so an engine's prompt cache cannot flatter them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import aiohttp
+
+from gateway.upstream.pool import Backend
+
+#: Prompt sizes of the two probes (gateway tokens; common words are one token each).
+SHORT_PROBE_TOKENS = 32
+LONG_PROBE_TOKENS = 1024
+#: Each size is sent this many times: enough for the medians to replace the prior.
+PROBE_ROUNDS = 3
+PROBE_TIMEOUT_S = 120.0
+_WORDS = (
+    "time people way year day thing man world life hand part child eye woman place work "
+    "week case point number group problem fact water room mother area money story month "
+    "night study book word issue side kind head house service friend father power hour game"
+).split()
+
+
+def probe_prompt(tokens: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(tokens))
+
+
+async def first_token_s(
+    session: aiohttp.ClientSession, backend: Backend, model: str | None, prompt: str
+) -> float | None:
+    """Seconds from sending a streamed one-token completion to its first body bytes."""
+    body = {"prompt": prompt, "max_tokens": 1, "stream": True, "temperature": 0}
+    if model:
+        body["model"] = model
+    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+    started = time.perf_counter()
+    try:
+        async with session.post(
+            backend.url + "/v1/completions",
+            json=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+        ) as resp:
+            if resp.status != 200:
+                return None
+            await resp.content.readany()
+            elapsed = time.perf_counter() - started
+            await resp.read()
+            return elapsed
+    except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+async def measure_prefill(
+    session: aiohttp.ClientSession, backend: Backend, model: str | None = None, seed: int = 0
+) -> bool:
+    """Teach `backend.model` its first-token cost and prefill rate; False if it would not say.
+
+    Only on an idle backend: a probe sent beside the gateway's own requests would wait
+    behind them inside the engine and teach a rate far too slow. Once traffic flows,
+    its own records teach better, and the probing stops.
+    """
+    rng = random.Random(seed)
+    measured = False
+    for tokens in (SHORT_PROBE_TOKENS, LONG_PROBE_TOKENS) * PROBE_ROUNDS:
+        before = backend.dispatches
+        if backend.in_flight:
+            return measured
+        ttft = await first_token_s(session, backend, model, probe_prompt(tokens, rng))
+        if ttft is None or backend.in_flight or backend.dispatches != before:
+            return measured
+        backend.model.observe_ttft(tokens, 0, ttft)
+        measured = True
+    return measured

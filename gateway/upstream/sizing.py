@@ -1,0 +1,296 @@
+"""The gateway sizes itself to its backends: slots, context, deadlines, engine queues.
+
+Every health-check round (and once at start) it
+
+- asks each backend what it is (`telemetry.probe_facts`: llama.cpp `/props`,
+  TGI `/info`, vLLM `/v1/models`): its slots become `max_concurrency` unless
+  the config sets it, its context window and input limit the gateway's caps
+  unless the config sets them, so a request the backend would reject for
+  length is refused at the door, with the same clarity;
+- reads each engine's own load (`telemetry.fetch_load`, its `/metrics`): while
+  an engine reports requests waiting inside it, the pool sends it no more
+  than it runs (`Backend.note_engine_load`);
+- refits the lanes: slot limits from the backends' slots, and deadlines to the
+  engine floor the backends' learned prefill rates imply (`fitting`), with a
+  warning naming the numbers when a configured deadline is below it;
+- logs the learned figures when they change a lot.
+
+What it decides it writes into the pool and the scheduler; the requests read
+it from there. A backend that answers none of this is simply not sized by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.config import LimitsSettings, Settings, slot_limit
+from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
+from gateway.scheduling.learning import changed_a_lot
+from gateway.scheduling.scheduler import Scheduler
+from gateway.upstream.pool import Backend, BackendPool
+from gateway.upstream.probe import measure_prefill
+from gateway.upstream.telemetry import BackendFacts, EngineLoad, fetch_load, probe_facts
+
+#: Ask a backend what it is every this many health rounds (it rarely changes).
+FACTS_EVERY_ROUNDS = 12
+#: Scrapes in a row that must show a queue inside the engine before dispatch is held.
+QUEUED_SCRAPES_TO_HOLD = 2
+#: A backend whose /metrics said nothing this many times is scraped this much less often.
+SILENT_METRICS_BACKOFF = 10
+
+
+@dataclass(slots=True)
+class _Known:
+    """What the sizer remembers of one backend between rounds."""
+
+    facts: BackendFacts | None = None
+    load: EngineLoad | None = None
+    silent_scrapes: int = 0
+    queued_scrapes: int = 0
+    logged_prefill_rate: float = 0.0
+    logged_token_ratio: float = 1.0
+
+
+class BackendSizer:
+    def __init__(
+        self,
+        settings: Settings,
+        pool: BackendPool,
+        scheduler: Scheduler,
+        events: Any,
+        prompt_sizes: PromptSizes,
+        set_limits: Callable[[LimitsSettings], None],
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.scheduler = scheduler
+        self.events = events
+        self.prompt_sizes = prompt_sizes
+        self._set_limits = set_limits
+        self._known = {backend.name: _Known() for backend in pool.backends}
+        self._rounds = 0
+        #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
+        self.floors: dict[str, float] = {}
+        self._warned: dict[str, float] = {}
+
+    async def round(self, session: aiohttp.ClientSession) -> None:
+        """One sizing round: facts now and then, engine loads, then refit the lanes.
+
+        A failure here is a warning, never the end of the health checks.
+        """
+        try:
+            await self._round(session)
+        except Exception as error:  # noqa: BLE001 - sizing must not stop health checks
+            self.events.warning("sizing_failed", error=repr(error)[:200])
+
+    async def _round(self, session: aiohttp.ClientSession) -> None:
+        if self._rounds % FACTS_EVERY_ROUNDS == 0:
+            for backend in self.pool.backends:
+                self.apply_facts(backend, await probe_facts(session, backend.url, _auth(backend)))
+        for backend in self.pool.backends:
+            known = self._known[backend.name]
+            if known.silent_scrapes >= 3 and self._rounds % SILENT_METRICS_BACKOFF:
+                continue
+            self.apply_load(backend, await fetch_load(session, backend.url, _auth(backend)))
+        self._rounds += 1
+        self.refit()
+
+    async def warm_up(self, session: aiohttp.ClientSession) -> None:
+        """At start: what each backend is, then its prefill measured; then refit, so a
+        deadline below the engine floor is fitted (or warned about) before any traffic."""
+        try:
+            for backend in self.pool.backends:
+                facts = await probe_facts(session, backend.url, _auth(backend))
+                self.apply_facts(backend, facts)
+                if not backend.model.prefill_learned:
+                    await measure_prefill(session, backend, facts.model if facts else None)
+            self.refit()
+        except Exception as error:  # noqa: BLE001 - a failed warm-up leaves the priors
+            self.events.warning("warm_up_failed", error=repr(error)[:200])
+
+    # -- what the backends say --------------------------------------------------------
+
+    def apply_facts(self, backend: Backend, facts: BackendFacts | None) -> None:
+        known = self._known[backend.name]
+        if facts is None or facts == known.facts:
+            return
+        known.facts = facts
+        if facts.slots and not backend.concurrency_configured:
+            backend.max_concurrency = facts.slots
+        backend.engine_context_tokens = facts.context_tokens
+        self.events.info(
+            "backend_described",
+            backend=backend.name,
+            engine=facts.engine,
+            slots=backend.max_concurrency,
+            slots_from="config" if backend.concurrency_configured else "engine",
+            context_tokens=facts.context_tokens,
+            max_input_tokens=facts.max_input_tokens,
+        )
+        self._set_limits(self.limits())
+
+    def limits(self) -> LimitsSettings:
+        """The caps in force: the config's, tightened by what the backends accept."""
+        limits = self.settings.limits
+        facts = [k.facts for k in self._known.values() if k.facts is not None]
+        contexts = [f.context_tokens for f in facts if f.context_tokens]
+        inputs = [f.max_input_tokens for f in facts if f.max_input_tokens]
+        changes: dict[str, int] = {}
+        if not limits.context_window and contexts:
+            changes["context_window"] = min(contexts)
+        if inputs and min(inputs) < limits.max_prompt_tokens:
+            changes["max_prompt_tokens"] = min(inputs)
+        return msgspec.structs.replace(limits, **changes) if changes else limits
+
+    def apply_load(self, backend: Backend, load: EngineLoad | None) -> None:
+        known = self._known[backend.name]
+        if load is None:
+            known.silent_scrapes += 1
+            if known.load is not None:
+                backend.note_engine_load(None, None, None)
+                known.load = None
+            return
+        known.silent_scrapes = 0
+        was_queued = backend.engine_limit is not None
+        queued = load.waiting is not None and load.waiting >= 1
+        known.queued_scrapes = known.queued_scrapes + 1 if queued else 0
+        # A queue seen once may be a request between two engine steps: hold on the second.
+        backend.note_engine_load(
+            load.waiting,
+            load.running,
+            load.kv_usage,
+            hold=known.queued_scrapes >= QUEUED_SCRAPES_TO_HOLD,
+        )
+        if (backend.engine_limit is not None) != was_queued:
+            self.events.warning(
+                "engine_queue" if not was_queued else "engine_queue_gone",
+                backend=backend.name,
+                engine=load.engine,
+                waiting=load.waiting,
+                running=load.running,
+                holding_at=backend.engine_limit,
+            )
+        known.load = load
+
+    # -- refitting the lanes ----------------------------------------------------------
+
+    def refit(self) -> None:
+        for lane in self.settings.lanes:
+            self.scheduler.set_slot_limit(
+                lane.name, slot_limit(lane, self.pool.slots_of(lane.name))
+            )
+            floor = self.floor_s(lane.name, lane.max_prompt_tokens)
+            self.floors[lane.name] = floor
+            deadline = fitted_deadline_s(lane.queue_timeout_s, floor, lane.fit_timeout_to_engine)
+            previous = self.scheduler.lane(lane.name).deadline_s
+            self.scheduler.set_deadline(lane.name, deadline)
+            if deadline != lane.queue_timeout_s and changed_a_lot(previous, deadline, 1.2):
+                self.events.info(
+                    "lane_deadline_fitted",
+                    lane=lane.name,
+                    configured_s=lane.queue_timeout_s,
+                    deadline_s=round(deadline, 2),
+                    engine_floor_s=round(floor, 2),
+                )
+            elif floor > lane.queue_timeout_s and not lane.fit_timeout_to_engine:
+                self._warn_short_deadline(lane.name, lane.queue_timeout_s, floor)
+        for backend in self.pool.backends:
+            self._log_learned(backend)
+
+    def floor_s(self, lane: str, lane_max_prompt: int | None) -> float:
+        """The engine floor of a lane: one long prefill plus its own, on its slowest backend."""
+        own = self.prompt_sizes.own(lane, lane_max_prompt)
+        long = self.prompt_sizes.long()
+        return max(
+            (
+                engine_floor_s(backend.model.prefill_s, long, own)
+                for backend in self.pool.backends_of(lane)
+            ),
+            default=0.0,
+        )
+
+    def _warn_short_deadline(self, lane: str, deadline: float, floor: float) -> None:
+        if not changed_a_lot(self._warned.get(lane, 0.0), floor, 1.2):
+            return
+        self._warned[lane] = floor
+        self.events.warning(
+            "lane_deadline_below_engine_floor",
+            lane=lane,
+            deadline_s=deadline,
+            engine_floor_s=round(floor, 2),
+            hint="requests of this lane will time out behind one long prefill; "
+            "raise queue_timeout_s or set fit_timeout_to_engine = true",
+        )
+
+    def _log_learned(self, backend: Backend) -> None:
+        known = self._known[backend.name]
+        model = backend.model
+        if not model.prefill_learned:
+            return
+        rate, ratio = model.prefill_tokens_per_s, model.token_ratio
+        if changed_a_lot(known.logged_prefill_rate, rate) or changed_a_lot(
+            known.logged_token_ratio, ratio, 1.1
+        ):
+            known.logged_prefill_rate, known.logged_token_ratio = rate, ratio
+            self.events.info("backend_learned", backend=backend.name, **model.figures().to_json())
+
+    # -- what it knows, for /debug/backends and check-config --probe -----------------
+
+    def describe(self) -> list[dict[str, Any]]:
+        result = []
+        for backend in self.pool.backends:
+            known = self._known[backend.name]
+            facts = known.facts
+            load = known.load
+            result.append(
+                {
+                    "name": backend.name,
+                    "url": backend.url,
+                    "slots": backend.max_concurrency,
+                    "slots_from": "config"
+                    if backend.concurrency_configured
+                    else ("engine" if facts and facts.slots else "default"),
+                    "in_flight": backend.in_flight,
+                    "prefilling_s": round(backend.prefilling_s, 3),
+                    "engine": None if facts is None else facts.engine,
+                    "context_tokens": None if facts is None else facts.context_tokens,
+                    "max_input_tokens": None if facts is None else facts.max_input_tokens,
+                    "engine_load": None
+                    if load is None
+                    else {
+                        "engine": load.engine,
+                        "waiting": load.waiting,
+                        "running": load.running,
+                        "kv_usage": load.kv_usage,
+                    },
+                    "holding_at": backend.engine_limit,
+                    "learned": backend.model.figures(max(1, backend.in_flight)).to_json(),
+                }
+            )
+        return result
+
+    def describe_lanes(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "lane": lane.name,
+                "configured_timeout_s": lane.settings.queue_timeout_s,
+                "deadline_s": round(lane.deadline_s, 3),
+                "engine_floor_s": _rounded(self.floors.get(lane.name)),
+                "slot_limit": lane.slot_limit,
+                "predicted_wait_s": self.scheduler.predicted_wait_s(lane.name),
+            }
+            for lane in self.scheduler.lanes
+        ]
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _auth(backend: Backend) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
