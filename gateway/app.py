@@ -30,6 +30,9 @@ from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
 from gateway.upstream.sizing import BackendSizer
 
+#: Longest /readyz waits for the start-up probe of the backends.
+WARM_UP_READY_S = 20.0
+
 
 def build_app(
     settings: Settings,
@@ -111,8 +114,15 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     warm_up = None
     if state.settings.health.probe_on_start and state.health.session is not None:
         warm_up = asyncio.create_task(state.sizer.warm_up(state.health.session), name="warm-up")
+        state.warming_up = True
+        warm_up.add_done_callback(lambda _: setattr(state, "warming_up", False))
+        # Ready anyway after a while: a very slow engine is learned from traffic instead.
+        ready_anyway = asyncio.get_running_loop().call_later(
+            WARM_UP_READY_S, setattr, state, "warming_up", False
+        )
     yield
     if warm_up is not None:
+        ready_anyway.cancel()
         warm_up.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await warm_up

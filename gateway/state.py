@@ -42,6 +42,9 @@ class GatewayState:
     sizer: BackendSizer
     #: The caps in force: the config's, tightened by what the backends accept.
     limits: LimitsSettings
+    #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
+    #: says "not ready": the first requests should meet deadlines fitted to the engine.
+    warming_up: bool = False
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
     draining: bool = False
 

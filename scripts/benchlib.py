@@ -95,10 +95,11 @@ async def start_simulator(flags: Sequence[str] = (), name: str = "simulator") ->
 
 
 async def start_gateway(name: str, config_toml: str, config_path: Path, log_path: Path) -> Process:
-    """`python -m gateway serve` with this TOML (written to `config_path`); its log to `log_path`."""
+    """`python -m gateway serve` with this TOML (written to `config_path`); its request log
+    to `log_path`, its own events (what it learned, warnings) next to it (`.events`)."""
     port = free_port()
     config_path.write_text(config_toml)
-    with log_path.open("w") as log:
+    with log_path.open("w") as log, log_path.with_suffix(".events").open("w") as events:
         popen = subprocess.Popen(
             [
                 *(sys.executable, "-m", "gateway", "serve"),
@@ -106,7 +107,7 @@ async def start_gateway(name: str, config_toml: str, config_path: Path, log_path
             ],
             cwd=ROOT,
             stdout=log,
-            stderr=subprocess.DEVNULL,
+            stderr=events,
             env=_child_env(),
         )
     process = Process(name, f"http://127.0.0.1:{port}", popen, log_path)

@@ -21,6 +21,10 @@ async def readyz(request: web.Request) -> web.Response:
     state = request.app[GATEWAY]
     if state.draining:
         return web.json_response({"status": "not_ready", "reason": "shutting down"}, status=503)
+    if state.warming_up:
+        return web.json_response(
+            {"status": "not_ready", "reason": "measuring the backends' speed"}, status=503
+        )
     if not state.pool.has_available():
         reason = "no healthy backend" if state.pool.backends else "no backend configured"
         return web.json_response({"status": "not_ready", "reason": reason}, status=503)

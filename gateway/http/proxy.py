@@ -32,7 +32,7 @@ from gateway.outcomes import (
     ShuttingDown,
     UnsupportedMediaType,
 )
-from gateway.scheduling.scheduler import Grant, WaitNote
+from gateway.scheduling.scheduler import Grant, Scheduler, WaitNote
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.learn import learn_from
@@ -153,6 +153,19 @@ def queue_budget_s(client_deadline: float, own_prefill_s: float) -> float:
     return max(0.0, client_deadline - own_prefill_s)
 
 
+#: A non-streamed answer's prefill counts as over this many times its predicted time
+#: after dispatch (its first byte comes only with the whole answer).
+NON_STREAM_PREFILL_MARGIN = 1.5
+
+
+def end_prefill_when_predicted(scheduler: Scheduler, grant: Grant) -> asyncio.TimerHandle:
+    """A non-streamed request's first byte is its last: without this its prompt would
+    hold the backend's prefill budget until the whole answer is generated."""
+    return asyncio.get_running_loop().call_later(
+        grant.slot.prefill_s * NON_STREAM_PREFILL_MARGIN, scheduler.prefill_done, grant
+    )
+
+
 def admission_headers(admission: Admission) -> dict[str, str]:
     headers = {
         "x-gateway-lane": admission.lane.name,
@@ -207,6 +220,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
     record = RequestRecord(request_id_of(request), request.path, clock())
     headers = {"x-request-id": record.request_id}
     grant: Grant | None = None
+    prefill_timer: asyncio.TimerHandle | None = None
     try:
         if state.draining:
             raise shutting_down()
@@ -263,6 +277,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
         record.dispatched = clock()
+        if not shape.stream:
+            prefill_timer = end_prefill_when_predicted(scheduler, held)
         headers.update(queue_headers(record.queue_ms))
         priority = state.settings.lanes.index(admission.lane)
 
@@ -304,6 +320,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.status = 500
         raise
     finally:
+        if prefill_timer is not None:
+            prefill_timer.cancel()
         if record.end is None:
             record.end = clock()
         if grant is not None:

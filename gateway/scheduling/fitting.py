@@ -18,13 +18,17 @@ from collections.abc import Callable, Iterable
 
 #: A fitted deadline leaves this much room over the floor (a slot wait, jitter).
 DEADLINE_OVER_FLOOR = 1.5
-#: "A long prompt" is this quantile of recent prompts; "its own" of the lane's.
+#: "A long prompt" is this quantile of recent prompts; "its own" this one of the lane's.
+LONG_PROMPT_QUANTILE = 0.95
 PROMPT_QUANTILE = 0.9
+#: Prompts seen before their quantile replaces the prior of a long one.
+PROMPTS_TO_TRUST = 32
 #: Prompt sizes remembered per lane.
 PROMPT_WINDOW = 512
-#: Before any traffic: the long prompt that may be ahead, and a lane's own prompt when
-#: the lane sets no size limit.
+#: Before any traffic: the long prompt that may be ahead, and a lane's own prompt (or
+#: the lane's limit, when smaller).
 PRIOR_LONG_PROMPT_TOKENS = 2048
+PRIOR_OWN_PROMPT_TOKENS = 256
 
 
 def quantile(values: Iterable[int], q: float) -> int | None:
@@ -48,17 +52,21 @@ class PromptSizes:
         sizes.append(prompt_tokens)
 
     def own(self, lane: str, lane_max: int | None) -> int:
-        """A typical large prompt of this lane (its quantile, or its limit before traffic)."""
+        """A typical large prompt of this lane (its quantile; before traffic, the prior)."""
         seen = quantile(self._by_lane.get(lane, ()), PROMPT_QUANTILE)
         if seen is not None:
             return seen
-        return lane_max if lane_max is not None else PRIOR_LONG_PROMPT_TOKENS
+        return min(lane_max or PRIOR_OWN_PROMPT_TOKENS, PRIOR_OWN_PROMPT_TOKENS)
 
     def long(self) -> int:
-        """A long prompt that may be in prefill ahead of anyone: the quantile of all lanes."""
+        """A long prompt that may be in prefill ahead of anyone: a high quantile of all
+        lanes' prompts; never below the prior until enough were seen (the first few
+        requests being short says nothing about the long ones to come)."""
         every = [size for sizes in self._by_lane.values() for size in sizes]
-        seen = quantile(every, PROMPT_QUANTILE)
-        return PRIOR_LONG_PROMPT_TOKENS if seen is None else seen
+        seen = quantile(every, LONG_PROMPT_QUANTILE)
+        if seen is None:
+            return PRIOR_LONG_PROMPT_TOKENS
+        return seen if len(every) >= PROMPTS_TO_TRUST else max(seen, PRIOR_LONG_PROMPT_TOKENS)
 
 
 def engine_floor_s(prefill_s: Callable[[int], float], long_tokens: int, own_tokens: int) -> float:

@@ -151,7 +151,9 @@ class Backend:
         `hold`: the caller has seen it long enough to trust it)."""
         self.engine_waiting, self.engine_running, self.engine_kv_usage = waiting, running, kv_usage
         if hold and waiting is not None and waiting >= 1:
-            self.engine_limit = max(1, self.in_flight - int(waiting))
+            # No more than now, and no more than it runs: the rest would only queue inside.
+            ours_running = self.in_flight - int(waiting) if running is None else int(running)
+            self.engine_limit = max(1, min(self.in_flight, ours_running))
         else:
             self.engine_limit = None
 

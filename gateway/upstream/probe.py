@@ -38,10 +38,14 @@ async def first_token_s(
     session: aiohttp.ClientSession, backend: Backend, model: str | None, prompt: str
 ) -> float | None:
     """Seconds from sending a streamed one-token completion to its first body bytes."""
-    body = {"prompt": prompt, "max_tokens": 1, "stream": True, "temperature": 0}
+    body: dict[str, object] = {"prompt": prompt, "max_tokens": 1, "stream": True, "temperature": 0}
     if model:
         body["model"] = model
-    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+    # A fresh connection each time: the probe reads only the first bytes, and a server
+    # such as llama.cpp's closes the connection after the answer (a pooled one would fail).
+    headers = {"Connection": "close"}
+    if backend.api_key:
+        headers["Authorization"] = f"Bearer {backend.api_key}"
     started = time.perf_counter()
     try:
         async with session.post(
@@ -61,7 +65,7 @@ async def first_token_s(
 
 
 async def measure_prefill(
-    session: aiohttp.ClientSession, backend: Backend, model: str | None = None, seed: int = 0
+    session: aiohttp.ClientSession, backend: Backend, model: str | None = None, seed: int | None = None
 ) -> bool:
     """Teach `backend.model` its first-token cost and prefill rate; False if it would not say.
 
@@ -69,6 +73,8 @@ async def measure_prefill(
     behind them inside the engine and teach a rate far too slow. Once traffic flows,
     its own records teach better, and the probing stops.
     """
+    # Fresh words each time (seeded from the system unless a test says): a second gateway,
+    # or this one restarted, must not find its probes in the engine's prompt cache.
     rng = random.Random(seed)
     measured = False
     for tokens in (SHORT_PROBE_TOKENS, LONG_PROBE_TOKENS) * PROBE_ROUNDS:

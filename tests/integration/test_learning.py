@@ -292,3 +292,28 @@ async def test_check_config_probe_measures_the_engine_and_warns_with_the_floor(
     assert interactive["engine_floor_s"] > 5
     warning = next(line for line in err.decode().splitlines() if "engine floor" in line)
     assert "'interactive'" in warning and "queue_timeout_s 5 s" in warning
+
+
+async def test_a_non_streamed_long_prompt_does_not_hold_the_prefill_budget_to_its_end(
+    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    backend = await start_simulator_at(decode_ms_per_seq=30.0)
+    gateway = await start_gateway([backend])
+    loop = asyncio.get_running_loop()
+    done: dict[str, float] = {}
+
+    async def whole(tag: str, prompt: str, max_tokens: int) -> None:
+        body = chat(prompt, max_tokens=max_tokens)
+        async with http.post(gateway.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+        done[tag] = loop.time()
+
+    # ~5000 tokens: over the 0.5 s prefill budget at the prior rate, so it goes alone.
+    long = asyncio.create_task(whole("long", words(5000), 100))
+    await asyncio.sleep(0.1)
+    await whole("short", "hi", 2)
+    await long
+    # The short one went once the long one's predicted prefill was over, not after its
+    # whole answer (100 tokens at >= 30 ms a step).
+    assert done["long"] - done["short"] > 1.5, done

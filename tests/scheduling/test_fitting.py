@@ -31,10 +31,21 @@ def test_a_short_deadline_is_raised_only_on_a_slow_engine() -> None:
 def test_prompt_sizes_say_what_long_and_own_are() -> None:
     sizes = PromptSizes()
     assert sizes.long() == PRIOR_LONG_PROMPT_TOKENS
-    assert sizes.own("interactive", 1024) == 1024
+    assert sizes.own("interactive", 1024) == 256  # the prior, within the lane's limit
+    assert sizes.own("tiny", 100) == 100
     for _ in range(80):
         sizes.add("interactive", 50)
     for _ in range(20):
         sizes.add("bulk", 1500)
     assert sizes.own("interactive", 1024) == 50
     assert sizes.long() == 1500
+
+
+def test_a_few_short_prompts_do_not_make_the_long_one_short() -> None:
+    sizes = PromptSizes()
+    for _ in range(5):
+        sizes.add("interactive", 50)
+    assert sizes.long() == PRIOR_LONG_PROMPT_TOKENS
+    for _ in range(40):
+        sizes.add("interactive", 50)
+    assert sizes.long() == 50  # enough seen: this traffic has no long prompts
