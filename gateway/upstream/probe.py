@@ -65,7 +65,10 @@ async def first_token_s(
 
 
 async def measure_prefill(
-    session: aiohttp.ClientSession, backend: Backend, model: str | None = None, seed: int | None = None
+    session: aiohttp.ClientSession,
+    backend: Backend,
+    model: str | None = None,
+    seed: int | None = None,
 ) -> bool:
     """Teach `backend.model` its first-token cost and prefill rate; False if it would not say.
 
