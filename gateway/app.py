@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter, load_encoding
-from gateway.config import LimitsSettings, Settings
+from gateway.config import Settings
 from gateway.http import openai, openapi, ops, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
@@ -75,14 +75,8 @@ def build_app(
         keys=ClientKeys(settings.api_keys),
         loop_lag=loop_lag,
         prompt_sizes=prompt_sizes,
-        sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes, lambda _: None),
-        limits=settings.limits,
+        sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes),
     )
-
-    def set_limits(limits: LimitsSettings) -> None:
-        state.limits = limits
-
-    state.sizer._set_limits = set_limits
     health.after_round = state.sizer.round
     metrics.watch(scheduler, pool, state.sizer.floors)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.

@@ -40,13 +40,16 @@ class GatewayState:
     prompt_sizes: PromptSizes
     #: Sizes the lanes and pool to what the backends say and what was learned.
     sizer: BackendSizer
-    #: The caps in force: the config's, tightened by what the backends accept.
-    limits: LimitsSettings
     #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
     #: says "not ready": the first requests should meet deadlines fitted to the engine.
     warming_up: bool = False
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
     draining: bool = False
+
+    @property
+    def limits(self) -> LimitsSettings:
+        """The caps in force: the config's, tightened by what the backends accept."""
+        return self.sizer.limits_in_force
 
     @property
     def in_flight(self) -> int:

@@ -8,19 +8,20 @@ is already progressing does not take slots from short requests waiting.
 
 The split of slots is work-conserving: a lane with no competition may use every
 slot (up to its own `max_slot_share`), but while a higher lane that shares its
-backends has requests waiting, a lower lane gets a slot only below its
-`min_slots` floor, so it gives slots back as its requests end. Under overload
-the lowest lane is therefore shed first, and a short request is refused only
-when short requests alone exceed what the backends serve.
+backends has requests waiting, a lower lane gets no new slot; a slot it just
+released it keeps only to stay at its `min_slots` floor. So it gives slots back
+as its requests end, and nothing starves.
 
 Requests that would wait too long are refused at the door (429) instead of
 rotting in memory, and those that did wait too long get 503: a client with a
 fast error can retry elsewhere, a client with a 60 s timeout cannot. While a
-higher lane's requests are predicted to wait over half their deadline, the
-lanes below it are refused at arrival: their work is what overloads the
-backends. The wait is predicted from the request's place in line (its own lane's queue and those
-of the higher lanes that go first) times the lane's measured wait per place,
-a median over recent requests, so the prediction is calibrated against what
+higher lane's recent requests waited over half their deadline, the lanes
+below it are refused at arrival: their work is what overloads the
+backends, so the lowest lane is shed first and a short request is refused
+only when short requests alone exceed what the backends serve. The wait is
+predicted from the request's place in line (its own lane's queue and those of
+the higher lanes that go first) times the lane's measured wait per place, a
+median over recent requests, so the prediction is calibrated against what
 queueing really cost, promotions, floors and prefill budgets included. A
 request's deadline is its lane's (which the app may raise to fit a slow
 engine) or the client's own, whichever is shorter.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -55,6 +57,8 @@ REFUSE_AT_DEADLINE_SHARE = 0.8
 #: this share of their deadline: the lowest lane is shed first, before any request of
 #: the higher lane is refused (at REFUSE_AT_DEADLINE_SHARE).
 SHED_LOWER_AT = 0.5
+#: Recent waits per lane that tell whether it is under pressure (their median).
+PRESSURE_SAMPLES = 8
 #: Samples of the wait per place in line before they replace the structural guess.
 WAIT_SAMPLES_NEEDED = 5
 
@@ -123,6 +127,8 @@ class LaneState:
     )
     #: Lanes that go before this one and share some of its backends.
     higher: list[LaneState] = field(default_factory=list)
+    #: Its latest requests' queue waits (seconds; a timed-out one counts its deadline).
+    recent_waits: deque[float] = field(default_factory=lambda: deque(maxlen=PRESSURE_SAMPLES))
 
     @property
     def name(self) -> str:
@@ -197,23 +203,21 @@ class Scheduler:
             return 0.0
         place = self._place_in_line(lane)
         if lane.wait_per_place.learned:
-            estimate: float | None = place * lane.wait_per_place.value
-        elif lane.hold_ewma_s is None:
-            estimate = None
-        else:
-            estimate = place * lane.hold_ewma_s / lane.slot_limit
-        if lane.hold_ewma_s is not None and any(other.queue for other in lane.higher):
-            # Pressed by a higher lane, it runs on its floor alone: at least this long.
-            on_floor = (len(lane.queue) + 1) * lane.hold_ewma_s / max(1, lane.settings.min_slots)
-            estimate = on_floor if estimate is None else max(estimate, on_floor)
-        return estimate
+            return place * lane.wait_per_place.value
+        if lane.hold_ewma_s is None:
+            return None
+        return place * lane.hold_ewma_s / lane.slot_limit
 
     def pressing_lane(self, name: str) -> LaneState | None:
-        """A higher lane sharing backends with `name` whose arrivals are predicted to
-        wait over `SHED_LOWER_AT` of their deadline: while it is, `name` is shed."""
+        """A higher lane sharing backends with `name` whose recent requests waited (the
+        median of the last few) over `SHED_LOWER_AT` of their deadline: while it is,
+        `name` is shed. Sustained pressure, not one arrival's bad moment: a single long
+        prefill in progress must not turn lower-lane requests away."""
         for other in self._by_name[name].higher:
-            wait = self.predicted_wait_s(other.name)
-            if wait is not None and wait > SHED_LOWER_AT * other.deadline_s:
+            waits = other.recent_waits
+            if len(waits) >= PRESSURE_SAMPLES and (
+                statistics.median(waits) > SHED_LOWER_AT * other.deadline_s
+            ):
                 return other
         return None
 
@@ -286,6 +290,7 @@ class Scheduler:
             slot = self._source.try_take(name, prompt_tokens, output_tokens)
             if slot is not None:
                 lane.in_flight += 1
+                lane.recent_waits.append(0.0)
                 return Grant(name, slot, 0.0, now)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(
@@ -314,6 +319,7 @@ class Scheduler:
         self._remove(lane, waiter)
         # It would have waited at least this long: a (low) sample all the same.
         lane.wait_per_place.add(deadline / waiter.position)
+        lane.recent_waits.append(deadline)
         waiter.future.set_exception(
             QueueTimeout(
                 f"Waited {deadline:.3g} s in the '{lane.name}' lane's queue "
@@ -427,6 +433,7 @@ class Scheduler:
             lane.in_flight += 1
             waited = now - waiter.enqueued_at
             lane.wait_per_place.add(waited / waiter.position)
+            lane.recent_waits.append(waited)
             waiter.future.set_result(Grant(lane.name, slot, waited, now))
             return True
         return False

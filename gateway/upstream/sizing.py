@@ -21,7 +21,6 @@ it from there. A backend that answers none of this is simply not sized by it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,14 +63,14 @@ class BackendSizer:
         scheduler: Scheduler,
         events: Any,
         prompt_sizes: PromptSizes,
-        set_limits: Callable[[LimitsSettings], None],
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.scheduler = scheduler
         self.events = events
         self.prompt_sizes = prompt_sizes
-        self._set_limits = set_limits
+        #: The caps in force: the config's, tightened by what the backends accept.
+        self.limits_in_force = settings.limits
         self._known = {backend.name: _Known() for backend in pool.backends}
         self._rounds = 0
         #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
@@ -132,7 +131,7 @@ class BackendSizer:
             context_tokens=facts.context_tokens,
             max_input_tokens=facts.max_input_tokens,
         )
-        self._set_limits(self.limits())
+        self.limits_in_force = self.limits()
 
     def limits(self) -> LimitsSettings:
         """The caps in force: the config's, tightened by what the backends accept."""
