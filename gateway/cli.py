@@ -174,8 +174,8 @@ async def _probe(settings: Settings) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for backend in state.pool.backends:
-            auth = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
-            state.sizer.apply_load(backend, await fetch_load(session, backend.url, auth))
+            load = await fetch_load(session, backend.url, backend.auth_headers)
+            state.sizer.apply_load(backend, load)
         await state.sizer.warm_up(session)
     state.counter.close()
     return {"backends": state.sizer.describe(), "lanes": state.sizer.describe_lanes()}

@@ -60,7 +60,7 @@ class HealthMonitor:
 
     async def _check(self, backend: Backend) -> bool:
         assert self._session is not None
-        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        headers = backend.auth_headers
         try:
             async with self._session.get(backend.url + self.settings.path, headers=headers) as resp:
                 return resp.status < 500

@@ -106,6 +106,11 @@ class Backend:
         )
 
     @property
+    def auth_headers(self) -> dict[str, str] | None:
+        """`Authorization` for the gateway's own calls to this backend (checks, probes)."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+
+    @property
     def slot_limit(self) -> int:
         """Slots usable now: max_concurrency, or fewer while the engine reports a queue."""
         if self.engine_limit is None:

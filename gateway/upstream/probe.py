@@ -1,8 +1,8 @@
-"""Measure a backend's prefill with two tiny requests: `check-config --probe` and start-up.
+"""Measure a backend's prefill with a few tiny requests: `check-config --probe` and start-up.
 
 Before any traffic the gateway's backend models hold a prior (a fast GPU
-engine). Two streamed completions with one output token each, a short prompt
-and a long one, give the fixed cost of a first token and the prefill rate at
+engine). Streamed completions with one output token each, short prompts and
+long ones (three of each, for the medians), give the fixed cost of a first token and the prefill rate at
 once, so the lanes' deadlines can be fitted (and a deadline below the engine
 floor warned about, with the numbers) before the first user waits. The
 prompts are random words, so an engine's prompt cache cannot flatter them.
@@ -43,9 +43,7 @@ async def first_token_s(
         body["model"] = model
     # A fresh connection each time: the probe reads only the first bytes, and a server
     # such as llama.cpp's closes the connection after the answer (a pooled one would fail).
-    headers = {"Connection": "close"}
-    if backend.api_key:
-        headers["Authorization"] = f"Bearer {backend.api_key}"
+    headers = {"Connection": "close", **(backend.auth_headers or {})}
     started = time.perf_counter()
     try:
         async with session.post(

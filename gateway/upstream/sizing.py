@@ -90,12 +90,14 @@ class BackendSizer:
     async def _round(self, session: aiohttp.ClientSession) -> None:
         if self._rounds % FACTS_EVERY_ROUNDS == 0:
             for backend in self.pool.backends:
-                self.apply_facts(backend, await probe_facts(session, backend.url, _auth(backend)))
+                self.apply_facts(
+                    backend, await probe_facts(session, backend.url, backend.auth_headers)
+                )
         for backend in self.pool.backends:
             known = self._known[backend.name]
             if known.silent_scrapes >= 3 and self._rounds % SILENT_METRICS_BACKOFF:
                 continue
-            self.apply_load(backend, await fetch_load(session, backend.url, _auth(backend)))
+            self.apply_load(backend, await fetch_load(session, backend.url, backend.auth_headers))
         self._rounds += 1
         self.refit()
 
@@ -104,8 +106,10 @@ class BackendSizer:
         deadline below the engine floor is fitted (or warned about) before any traffic."""
         try:
             for backend in self.pool.backends:
-                facts = await probe_facts(session, backend.url, _auth(backend))
-                self.apply_facts(backend, facts)
+                facts = self._known[backend.name].facts
+                if facts is None:  # the first health round may have asked already
+                    facts = await probe_facts(session, backend.url, backend.auth_headers)
+                    self.apply_facts(backend, facts)
                 if not backend.model.prefill_learned:
                     await measure_prefill(session, backend, facts.model if facts else None)
             self.refit()
@@ -289,7 +293,3 @@ class BackendSizer:
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def _auth(backend: Backend) -> dict[str, str] | None:
-    return {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
