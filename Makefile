@@ -13,7 +13,7 @@ LOGGED = sh -c 'touch "$$0"; size=$$(wc -c < "$$0"); echo "+ $$*" >> "$$0"; "$$@
 	echo "make: the step above failed (exit $$status); the whole log is $$0" >&2; exit $$status' \
 	$(INSTALL_LOG)
 
-.PHONY: run test test-fast lint simulate check-config bench bench-trace bench-prefill-heavy bench-two-speed bench-real bench-overhead bench-loop-lag clean
+.PHONY: run test test-fast lint simulate check-config bench bench-trace bench-prefill-heavy bench-two-speed bench-real bench-overhead bench-loop-lag bench-shadow clean
 
 $(PY):
 	@mkdir -p $(VENV)
@@ -72,6 +72,10 @@ bench-overhead: $(STAMP)
 
 bench-loop-lag: $(STAMP)
 	$(PY) scripts/bench_loop_lag.py $(ARGS)
+
+## bench-shadow: the primary's short-lane P99 TTFT with shadow traffic off vs at 100%, ~4 min
+bench-shadow: $(STAMP)
+	$(PY) scripts/bench_shadow.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -15,19 +15,21 @@ from aiohttp import web
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
-from gateway.http import openai, openapi, ops, tgi
+from gateway.http import cors, openai, openapi, ops, playground, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import clock
+from gateway.observability.tracing import build_tracer
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
+from gateway.upstream.shadow import ShadowMirror
 from gateway.upstream.sizing import BackendSizer
 
 #: Longest /readyz waits for the start-up probe of the backends.
@@ -76,8 +78,12 @@ def build_app(
         loop_lag=loop_lag,
         prompt_sizes=prompt_sizes,
         sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes),
+        shadow=ShadowMirror(
+            settings.shadow, settings.timeouts, scheduler=scheduler, metrics=metrics, events=events
+        ),
     )
     health.after_round = state.sizer.round
+    state.tracer = build_tracer(settings.tracing, events)
     metrics.watch(scheduler, pool, state.sizer.floors)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -85,6 +91,8 @@ def build_app(
     )
     app[GATEWAY] = state
     app.cleanup_ctx.append(_upstream_lifecycle)
+    if state.tracer is not None:
+        app.on_cleanup.append(_stop_tracing)
     app.router.add_post("/v1/chat/completions", openai.chat_completions)
     app.router.add_post("/v1/completions", openai.completions)
     app.router.add_get("/v1/models", openai.models)
@@ -97,6 +105,8 @@ def build_app(
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/debug/backends", ops.debug_backends)
     openapi.install(app, settings)
+    playground.install(app, settings.server.playground)
+    cors.install(app, settings.server.cors_origins)
     return app
 
 
@@ -105,6 +115,7 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await state.upstream.start()
     await state.health.start()
     await state.loop_lag.start()
+    await state.shadow.start()
     warm_up = None
     if state.settings.health.probe_on_start and state.health.session is not None:
         warm_up = asyncio.create_task(state.sizer.warm_up(state.health.session), name="warm-up")
@@ -120,11 +131,19 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
         warm_up.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await warm_up
+    await state.shadow.stop()  # mirrors still running are aborted, never waited for
     await state.loop_lag.stop()
     await state.health.stop()
     await state.upstream.close()
     state.counter.close()
     state.request_log.close()
+
+
+async def _stop_tracing(app: web.Application) -> None:
+    """After the last request: flush the spans still queued, a few seconds at most."""
+    state = app[GATEWAY]
+    if state.tracer is not None and not await state.tracer.shutdown():
+        state.events.warning("tracing_flush_timeout", hint="the span collector did not answer")
 
 
 async def drain(app: web.Application, timeout_s: float) -> int:

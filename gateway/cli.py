@@ -68,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="also ask each backend what it is and measure its prefill (a few one-token "
         "requests), and say which lane deadlines the engine cannot meet",
     )
+    check.add_argument(
+        "--nginx",
+        metavar="FILE",
+        help="also read this nginx config (in front of the gateway) and warn where its "
+        "timeouts, body size or buffering do not fit the gateway's",
+    )
+    api_doc = commands.add_parser(
+        "api-doc", help="write the API page for callers (Markdown) from the effective config"
+    )
+    _add_config_arguments(api_doc)
+    api_doc.add_argument("--output", metavar="FILE", help="write it here (default: stdout)")
 
     from gateway.tools import analyze, loadgen
 
@@ -111,7 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = check_config(settings)
         if status == 0 and args.probe:
             status = probe_backends(settings)
+        if status == 0 and args.nginx:
+            from gateway.nginx_check import check_nginx_file
+
+            status = check_nginx_file(settings, args.nginx)
         return status
+    if args.command == "api-doc":
+        from gateway.apidoc import write_page
+
+        return write_page(settings, args.config, args.output)
     return serve(settings)
 
 
@@ -127,6 +146,8 @@ def check_config(settings: Settings) -> int:
     for backend in effective["backends"]:
         if backend["api_key"] is not None:
             backend["api_key"] = "***"
+    if effective["shadow"]["api_key"] is not None:
+        effective["shadow"]["api_key"] = "***"
     effective["lane_slot_limits"] = {
         lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
     }

@@ -71,6 +71,29 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     drain_timeout_s: PositiveFloat = 30.0
     #: Run on uvloop (libuv's event loop) when it is installed: less CPU per relayed chunk.
     uvloop: bool = True
+    #: A stream that waited this long (queued, or for its first token) gets its headers
+    #: and then an SSE comment every interval, so proxies in front do not cut it for
+    #: silence (nginx and load balancers: 60 s). 0 turns it off.
+    sse_keepalive_s: Annotated[
+        float, _rule("be finite and >= 0 (0: off)", ge=0, le=sys.float_info.max)
+    ] = 15.0
+    #: Origins whose pages may call the gateway (CORS): exact `scheme://host[:port]`, as
+    #: browsers send them (no path, no trailing slash), or "*" for any. Empty: CORS off.
+    cors_origins: Annotated[
+        list[
+            Annotated[
+                str,
+                # "*", or scheme://host[:port] with host a name or a bracketed IPv6 address
+                Meta(
+                    pattern=r"(?i)^(\*|[a-z][a-z0-9+.-]*://"
+                    r"(\[[0-9a-f:.]+\]|[^/?#\s:\[\]]+)(:[0-9]{1,5})?)$"
+                ),
+            ]
+        ],
+        _rule('hold "*" or origins like https://app.example.com (no path, no trailing slash)'),
+    ] = field(default_factory=list)
+    #: Serve the chat page at GET /playground (streams through this gateway).
+    playground: bool = False
 
 
 class TokenizerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -196,6 +219,49 @@ class LoggingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     ] = "info"
 
 
+class ShadowSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A candidate backend (a new model or engine version) that gets mirrored copies of
+    sampled requests; its answers are discarded and compared with the primary's in the
+    log (`shadow_compared`). It is no member of the pool: it takes no slot, and its
+    mirrors are dropped first whenever the primary is under load."""
+
+    #: The candidate's base URL; empty: no shadow traffic.
+    url: Annotated[
+        str,
+        _rule("be empty (off) or http(s)://host:port", pattern=r"(?i)^(?:$|https?://[^/?#\s]+)"),
+    ] = ""
+    #: For the log line (default: host:port).
+    name: str = ""
+    #: Sent as the body's `model` on OpenAI routes (the candidate serves another name).
+    model: str | None = None
+    #: Sent to the candidate as `Authorization: Bearer ...`.
+    api_key: str | None = None
+    #: Share of dispatched requests mirrored. With a url set, all of them by default: the
+    #: candidate's load is bounded by max_concurrency and the drop rules, not by sampling.
+    sample_rate: Annotated[float, _rule("be from 0 to 1", ge=0, le=1)] = 1.0
+    #: Mirrors in flight at once; a sampled request over it is dropped, not queued.
+    max_concurrency: Positive = 4
+    connect_timeout_s: PositiveFloat = 2.0
+    #: A mirror that has not ended after this long is cut (and counted an error).
+    timeout_s: PositiveFloat = 120.0
+    #: No new mirror while the event loop runs this late (the gateway itself is busy).
+    max_loop_lag_s: PositiveFloat = 0.05
+
+
+class TracingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """OpenTelemetry spans of each request (admission, queue wait, backend TTFT, stream).
+
+    Exported as the standard OTEL_* variables say (OTEL_TRACES_EXPORTER,
+    OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER; OTEL_SDK_DISABLED
+    turns it off); needs the `tracing` extra. Off or on, the client's W3C `traceparent` (or
+    a new one) is forwarded to the backend and its trace id logged.
+    """
+
+    #: Off by default: an OTEL_* variable injected into every pod must not add span work
+    #: to the gateway's hot path unasked; this one switch is what check-config shows.
+    enabled: bool = False
+
+
 def default_lanes() -> list[LaneSettings]:
     return [
         LaneSettings(
@@ -226,6 +292,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     health: HealthSettings = field(default_factory=HealthSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     api_keys: list[ApiKeySettings] = field(default_factory=list)
+    shadow: ShadowSettings = field(default_factory=ShadowSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, freshly built dicts and lists (a caller may edit them, e.g. to mask keys)."""
@@ -265,6 +333,8 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "timeouts": TimeoutSettings,
     "health": HealthSettings,
     "logging": LoggingSettings,
+    "shadow": ShadowSettings,
+    "tracing": TracingSettings,
 }
 ARRAYS: dict[str, type[msgspec.Struct]] = {
     "backends": BackendSettings,
@@ -323,7 +393,7 @@ _PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<key>[^`]+)`$")
 _WRONG_TYPE = re.compile(r"^Expected `[^`]+`, got `[^`]+`$")
 #: Values never repeated in a message.
-_SECRETS = {("api_keys", "key"), ("backends", "api_key")}
+_SECRETS = {("api_keys", "key"), ("backends", "api_key"), ("shadow", "api_key")}
 
 
 def _convert(data: dict[str, Any], origins: Origins) -> Settings:
@@ -698,4 +768,10 @@ def consistency_warnings(settings: Settings) -> list[str]:
                 f"[[lanes]] {lane.name}: min_slots ({lane.min_slots}) >= its slot limit, so it "
                 "never gives slots back to the lanes above it: long requests can fill the backend"
             )
+    shadow_url = s.shadow.url.rstrip("/").lower()
+    if shadow_url and shadow_url in {b.url.rstrip("/").lower() for b in s.backends}:
+        warnings.append(
+            "[shadow].url is also a [[backends]] url: the mirrors would compete with the "
+            "primary's own requests on that engine; point it at the candidate"
+        )
     return warnings

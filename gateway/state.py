@@ -14,11 +14,13 @@ from gateway.observability.logs import RequestLog
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import RequestRecord
+from gateway.observability.tracing import RequestTracer
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.pool import BackendPool
 from gateway.upstream.relay import UpstreamClient
+from gateway.upstream.shadow import ShadowMirror
 from gateway.upstream.sizing import BackendSizer
 
 
@@ -40,11 +42,15 @@ class GatewayState:
     prompt_sizes: PromptSizes
     #: Sizes the lanes and pool to what the backends say and what was learned.
     sizer: BackendSizer
+    #: Mirrors sampled requests to a candidate backend ([shadow]); off without a url.
+    shadow: ShadowMirror
     #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
     #: says "not ready": the first requests should meet deadlines fitted to the engine.
     warming_up: bool = False
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
     draining: bool = False
+    #: Makes each request's OpenTelemetry spans at its end ([tracing] enabled); None: off.
+    tracer: RequestTracer | None = None
 
     @property
     def limits(self) -> LimitsSettings:
@@ -59,6 +65,8 @@ class GatewayState:
         """Every request ends here exactly once: its log line and its metrics."""
         self.request_log.request(record)
         self.metrics.observe(record)
+        if self.tracer is not None:
+            self.tracer.export(record)
 
 
 GATEWAY: web.AppKey[GatewayState] = web.AppKey("gateway", GatewayState)

@@ -67,6 +67,47 @@ RETRY_AFTER_CODES = frozenset(
     {"queue_full", "wait_too_long", "queue_timeout", "no_backend", "shutting_down"}
 )
 
+#: What a caller should do about each code: the API page's advice
+#: (`python -m gateway api-doc`), kept next to the table it must cover.
+CALLER_ADVICE: dict[str, str] = {
+    "invalid_request": "Fix the request: `param` names the offending field or header. "
+    "Do not retry it unchanged.",
+    "invalid_lane": "Name one of the lanes the message lists, or drop `X-Gateway-Lane`.",
+    "max_tokens_too_large": "Lower `max_tokens` to the cap the message gives, or leave it "
+    "out to get the default.",
+    "context_length_exceeded": "Shorten the prompt or lower `max_tokens` so that both fit "
+    "in the context window (the message has the numbers).",
+    "invalid_api_key": "Send `Authorization: Bearer <key>` with a valid key. Retrying with "
+    "the same key fails again.",
+    "lane_not_allowed": "Make the request smaller (prompt, `max_tokens`, `n`) so that it "
+    "fits a lane your key may use, or ask for a key with that lane.",
+    "not_found": "Check the path and the base URL (the OpenAI SDKs' `base_url` ends in `/v1`).",
+    "method_not_allowed": "Use the method the `Allow` header names.",
+    "request_timeout": "Send the whole body at once; retry once if the network was slow.",
+    "prompt_too_long": "Shorten the prompt: summarize or split the work into several "
+    "requests (or lower `max_tokens` / `n` when no lane admits the pair). Retrying "
+    "unchanged fails again.",
+    "body_too_large": "Send a smaller body: split the work into several requests.",
+    "unsupported_media_type": "Send uncompressed JSON with `Content-Type: application/json`.",
+    "queue_full": "Retry after `Retry-After` seconds, with jitter and at most a few times; "
+    "defer work that can wait.",
+    "wait_too_long": "Retry after `Retry-After` seconds. If you sent `x-request-deadline-ms`, "
+    "a longer deadline may be admitted now.",
+    "internal_error": "Retry once; if it happens again, report it with the `x-request-id`.",
+    "backend_error": "Retry with backoff. Nothing was generated; the gateway has already "
+    "tried another backend when it had one.",
+    "queue_timeout": "Retry after `Retry-After` seconds with backoff: the backends are "
+    "saturated. A smaller request goes in a faster lane.",
+    "no_backend": "Retry after `Retry-After` seconds (the next health check).",
+    "shutting_down": "Retry after `Retry-After` seconds: a load balancer in front sends it "
+    "to another instance.",
+    "backend_timeout": "The model was too slow to start or stalled: retry later with "
+    "backoff, or with a shorter prompt.",
+}
+
+#: The response header that names why the gateway itself answered with an error.
+REFUSAL_HEADER = "x-gateway-refusal"
+
 _encode = msgspec.json.Encoder().encode
 
 
@@ -86,8 +127,13 @@ def refusal_body(refusal: Refusal) -> dict[str, Any]:
 def error_response(
     refusal: Refusal, headers: Mapping[str, str] | None = None, *, status: int | None = None
 ) -> web.Response:
-    """The refusal as an HTTP answer; `status` only for aiohttp's own errors (431, ...)."""
+    """The refusal as an HTTP answer; `status` only for aiohttp's own errors (431, ...).
+
+    `x-gateway-refusal` names the reason (the error's code) where proxies, load
+    balancers and dashboards can read it without parsing the body.
+    """
     all_headers = dict(headers or {})
+    all_headers[REFUSAL_HEADER] = refusal.code
     if refusal.retry_after_s is not None:
         all_headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after_s)))
     return web.Response(

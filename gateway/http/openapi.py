@@ -215,13 +215,12 @@ def _components_responses() -> dict[str, Schema]:
             "status is passed through with its body.",
             "content": {JSON: {"schema": _ref("ErrorEnvelope")}},
         }
-        headers: Schema = {}
+        headers: Schema = {"x-gateway-refusal": {"$ref": "#/components/headers/x-gateway-refusal"}}
         if any(code in RETRY_AFTER_CODES for code in codes):
             headers["Retry-After"] = {"$ref": "#/components/headers/Retry-After"}
         if status == 405:
             headers["Allow"] = {"schema": {"type": "string"}}
-        if headers:
-            response["headers"] = headers
+        response["headers"] = headers
         responses[f"Error{status}"] = response
     return responses
 
@@ -409,9 +408,15 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
             "headers": {
                 "Retry-After": {
                     "required": True,
-                    "description": "Whole seconds to wait before retrying.",
+                    "description": "Whole seconds to wait before retrying: how long the "
+                    "lane's line takes to drain at its measured rate (1 to 60).",
                     "schema": {"type": "integer", "minimum": 1},
-                }
+                },
+                "x-gateway-refusal": {
+                    "description": "Why the gateway itself refused: the error's `code`. "
+                    "Absent when the error is a backend's own answer, passed through.",
+                    "schema": {"type": "string"},
+                },
             },
             "securitySchemes": {
                 "bearerAuth": {

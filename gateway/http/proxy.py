@@ -22,7 +22,9 @@ from gateway.admission.admit import Admission, RequestShape, admit
 from gateway.admission.deadline import DEADLINE_HEADER, client_deadline_s
 from gateway.dialects.base import Dialect
 from gateway.http.errors import error_response, refusal_body, status_of
+from gateway.http.keepalive import WAITING, EarlyStream
 from gateway.observability.record import RequestRecord, clock
+from gateway.observability.tracing import TraceContext, incoming_trace
 from gateway.outcomes import (
     BodyTooLarge,
     InvalidRequest,
@@ -192,6 +194,8 @@ def relay_plan(
     priority: int,
     response_headers: dict[str, str],
     on_first_byte: Callable[[], None],
+    early: EarlyStream | None = None,
+    trace: TraceContext | None = None,
 ) -> RelayPlan:
     """What to send to `backend` for one attempt (the body was encoded once, before)."""
     if backend.priority_field:
@@ -202,6 +206,8 @@ def relay_plan(
         "Accept": "text/event-stream" if shape.stream else "application/json",
         "X-Request-Id": request_id,
     }
+    if trace is not None:  # W3C traceparent (and tracestate): vLLM and TGI read them
+        headers.update(trace.backend_headers())
     if backend.api_key:
         headers["Authorization"] = f"Bearer {backend.api_key}"
     return RelayPlan(
@@ -213,14 +219,29 @@ def relay_plan(
         response_headers=response_headers,
         error_event=lambda refusal: dialect.error_event(refusal_body(refusal)),
         on_first_byte=on_first_byte,
+        early_response=None if early is None else early.response,
+        stop_early=None if early is None else early.stop,
     )
+
+
+async def settled(
+    early: EarlyStream, answer: web.StreamResponse, record: RequestRecord, dialect: Dialect
+) -> web.StreamResponse:
+    """The answer, or, when keep-alive comments had started the stream, the answer's
+    error as the stream's last event (what the client then got is a 200)."""
+    response = await early.settle(answer, dialect.error_event)
+    if response is not answer:
+        record.status = 200
+    return response
 
 
 async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> web.StreamResponse:
     record = RequestRecord(request_id_of(request), request.path, clock())
+    record.trace = incoming_trace(request.headers, state.tracer)
     headers = {"x-request-id": record.request_id}
     grant: Grant | None = None
     prefill_timer: asyncio.TimerHandle | None = None
+    early: EarlyStream | None = None
     try:
         if state.draining:
             raise shutting_down()
@@ -259,6 +280,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         state.pool.require_available(lane)
         backend_body = encode_backend_body(dialect.backend_body(shape, admission.budget))
         state.prompt_sizes.add(lane, shape.prompt_tokens)
+        if shape.stream and server.sse_keepalive_s > 0:
+            early = EarlyStream(request, headers, server.sse_keepalive_s)
         record.enqueued = clock()
         scheduler, budget = state.scheduler, admission.budget
         note = WaitNote()
@@ -277,6 +300,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
         record.dispatched = clock()
+        if early is not None:
+            early.phase = WAITING
         if not shape.stream:
             prefill_timer = end_prefill_when_predicted(scheduler, held)
         headers.update(queue_headers(record.queue_ms))
@@ -292,9 +317,12 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 priority=priority,
                 response_headers=headers,
                 on_first_byte=lambda: scheduler.prefill_done(held),
+                early=early,
+                trace=record.trace,
             )
 
-        return await dispatch(
+        state.shadow.offer(record, dialect, shape, backend_body)  # sync: mirrors on its own task
+        response = await dispatch(
             request,
             record,
             upstream=state.upstream,
@@ -303,13 +331,16 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             plan_for=plan_for,
             move_elsewhere=lambda: scheduler.reassign(held, shape.prompt_tokens, budget.total),
         )
+        return response if early is None else await settled(early, response, record, dialect)
     except Refusal as refusal:
         record.status = status_of(refusal)
         record.outcome = refusal.outcome
         record.error_code = refusal.code
+        record.retry_after_s = refusal.retry_after_s
         record.end = clock()
         headers.update(queue_headers(record.queue_ms))
-        return error_response(refusal, headers)
+        answer = error_response(refusal, headers)
+        return answer if early is None else await settled(early, answer, record, dialect)
     except asyncio.CancelledError:
         record.outcome = Outcome.CLIENT_DISCONNECTED
         if record.status is None:
@@ -320,6 +351,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.status = 500
         raise
     finally:
+        if early is not None:
+            early.cancel()
         if prefill_timer is not None:
             prefill_timer.cancel()
         if record.end is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -96,6 +96,17 @@ class GatewayMetrics:
             "Completion tokens the backends reported.",
             ["lane"],
             registry=r,
+        )
+        # Shadow traffic (upstream/shadow.py): sampled mirrors by how they ended, drops
+        # by reason (dropped_queued, dropped_loop_lag, dropped_concurrency).
+        self.shadow_requests = Counter(
+            "gateway_shadow_requests",
+            "Sampled shadow mirrors, by result: ok, error, aborted, or dropped_<reason>.",
+            ["result"],
+            registry=r,
+        )
+        self.shadow_in_flight = Gauge(
+            "gateway_shadow_in_flight", "Shadow mirrors running now.", registry=r
         )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}

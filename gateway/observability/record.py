@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from gateway.observability.tracing import TraceContext
 
 #: The clock of every timestamp on a record (and of the scheduler's estimates).
 clock = time.perf_counter
@@ -57,6 +60,8 @@ class RequestRecord:
     #: The queue wait predicted at arrival, and the queue deadline in force (seconds).
     predicted_wait_s: float | None = None
     deadline_s: float | None = None
+    #: The Retry-After a refusal carried (seconds, before rounding up).
+    retry_after_s: float | None = None
     #: When the request joined its lane's queue (after admission).
     enqueued: float | None = None
     #: When it got a slot and was sent to the backend.
@@ -64,6 +69,13 @@ class RequestRecord:
     first_byte: float | None = None
     first_token: float | None = None
     end: float | None = None
+    #: Its W3C trace context: the client's trace (or a new one) and what the backend is sent.
+    trace: TraceContext | None = None
+
+    @property
+    def traceparent(self) -> str | None:
+        """The `traceparent` header sent to the backend."""
+        return None if self.trace is None else self.trace.traceparent
 
     @property
     def queue_ms(self) -> float | None:
@@ -112,9 +124,11 @@ class RequestRecord:
             "attempts": self.attempts,
             "predicted_wait_ms": _seconds_as_ms(self.predicted_wait_s),
             "deadline_ms": _seconds_as_ms(self.deadline_s),
+            "retry_after_s": self.retry_after_s,
             "queue_ms": self.queue_ms,
             "backend_ttft_ms": self.backend_ttft_ms,
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
             "e2e_ms": self.e2e_ms,
+            "trace_id": None if self.trace is None else self.trace.trace_id,
         }

@@ -61,6 +61,9 @@ SHED_LOWER_AT = 0.5
 PRESSURE_SAMPLES = 8
 #: Samples of the wait per place in line before they replace the structural guess.
 WAIT_SAMPLES_NEEDED = 5
+#: Recent dispatches per lane from which its drain rate (requests leaving the line per
+#: second) is measured, for Retry-After.
+DRAIN_SAMPLES = 32
 
 
 class SlotSource(Protocol):
@@ -129,6 +132,8 @@ class LaneState:
     higher: list[LaneState] = field(default_factory=list)
     #: Its latest requests' queue waits (seconds; a timed-out one counts its deadline).
     recent_waits: deque[float] = field(default_factory=lambda: deque(maxlen=PRESSURE_SAMPLES))
+    #: When its latest requests got their slots (the drain rate's samples).
+    dispatched_at: deque[float] = field(default_factory=lambda: deque(maxlen=DRAIN_SAMPLES))
 
     @property
     def name(self) -> str:
@@ -221,11 +226,29 @@ class Scheduler:
                 return other
         return None
 
+    def drain_rate(self, name: str) -> float | None:
+        """Requests per second leaving the line of lane `name` (its own dispatches and
+        those of the higher lanes that go first), over their recent dispatches; it falls
+        while nothing is dispatched. None before two dispatches."""
+        now = self._now()
+        rate, measured = 0.0, False
+        lane = self._by_name[name]
+        for member in (lane, *lane.higher):
+            times = member.dispatched_at
+            if len(times) >= 2 and now > times[0]:
+                rate += (len(times) - 1) / (now - times[0])
+                measured = True
+        return rate if measured else None
+
     def _retry_after(self, lane: LaneState, beyond_s: float = 0.0) -> int:
-        """Seconds until a retry may fit: the predicted wait past `beyond_s`."""
-        wait = self.predicted_wait_s(lane.name)
-        if wait is None:
-            wait = lane.hold_ewma_s or 1.0
+        """Seconds until a retry may fit: the time the line ahead takes to drain at its
+        measured rate, less `beyond_s` (the wait a request may have); before a rate is
+        measured, the predicted wait."""
+        rate = self.drain_rate(lane.name)
+        if rate:
+            wait = self._place_in_line(lane) / rate
+        else:
+            wait = self.predicted_wait_s(lane.name) or lane.hold_ewma_s or 1.0
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait - beyond_s)))
 
     def deadline_for(self, name: str, client_deadline_s: float | None = None) -> float:
@@ -291,6 +314,7 @@ class Scheduler:
             if slot is not None:
                 lane.in_flight += 1
                 lane.recent_waits.append(0.0)
+                lane.dispatched_at.append(now)
                 return Grant(name, slot, 0.0, now)
         loop = asyncio.get_running_loop()
         waiter = _Waiter(
@@ -434,6 +458,7 @@ class Scheduler:
             waited = now - waiter.enqueued_at
             lane.wait_per_place.add(waited / waiter.position)
             lane.recent_waits.append(waited)
+            lane.dispatched_at.append(now)
             waiter.future.set_result(Grant(lane.name, slot, waited, now))
             return True
         return False

@@ -10,7 +10,7 @@ connection the moment the client goes away so the engine stops generating.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -211,6 +211,10 @@ class RelayPlan:
     error_event: Callable[[Refusal], bytes]
     #: Called once when the backend's first byte arrives (its prefill is over).
     on_first_byte: Callable[[], None] | None = None
+    #: The client's stream response when the handler made it already (it may have sent
+    #: keep-alive comments), and how to stop those before the relay writes to it.
+    early_response: web.StreamResponse | None = None
+    stop_early: Callable[[], Awaitable[None]] | None = None
 
 
 async def relay(
@@ -234,9 +238,13 @@ async def relay(
         content_type = backend_response.headers.get("Content-Type", "")
         if backend_response.status >= 300 or not content_type.startswith("text/event-stream"):
             return await _relay_body(backend_response, plan, record)
-        client_response = web.StreamResponse(
-            status=200, headers={**STREAM_HEADERS, **plan.response_headers}
-        )
+        if plan.early_response is None:
+            client_response = web.StreamResponse(
+                status=200, headers={**STREAM_HEADERS, **plan.response_headers}
+            )
+        else:  # its headers count if they have not gone out yet
+            client_response = plan.early_response
+            client_response.headers.update(plan.response_headers)
         return await _relay_stream(
             request, backend_response, client_response, plan, record, watchdog, loop
         )
@@ -244,7 +252,9 @@ async def relay(
         if not watchdog.timed_out():
             raise
         error = timeout_error(watchdog.expired or "total", timeouts)
-        if client_response is None or not client_response.prepared:
+        if client_response is None or not watchdog.streaming:
+            # Nothing of the backend's reached the client (keep-alive comments at most):
+            # the handler answers with the error.
             raise error from None
         record.outcome = error.outcome
         record.error_code = error.code
@@ -325,6 +335,8 @@ async def _relay_stream(
         watchdog.streaming = True
         if plan.on_first_byte is not None:
             plan.on_first_byte()
+        if plan.stop_early is not None:
+            await plan.stop_early()
         await client_response.prepare(request)
         record.status = 200
         chunk = first
@@ -351,7 +363,7 @@ async def _relay_stream(
         record.completion_tokens = watcher.completion_tokens
         return client_response
     except aiohttp.ClientError as exc:
-        if not client_response.prepared:
+        if not watchdog.streaming:  # before the first byte: safe to retry elsewhere
             raise _unreachable(plan.backend, exc) from None
         return await _fail_stream(client_response, plan, record, watcher, "broke off mid-stream")
     record.completion_tokens = watcher.completion_tokens

@@ -24,10 +24,19 @@ async def test_unknown_route_and_wrong_method_get_envelopes(http: aiohttp.Client
         async with http.get(server.make_url("/v1/nothing")) as resp:
             body = await resp.json()
         assert resp.status == 404 and body["error"]["code"] == "not_found"
+        assert resp.headers["x-gateway-refusal"] == "not_found"
         async with http.get(server.make_url("/v1/completions")) as resp:
             body = await resp.json()
         assert resp.status == 405 and body["error"]["code"] == "method_not_allowed"
+        assert resp.headers["x-gateway-refusal"] == "method_not_allowed"
         assert "POST" in resp.headers["Allow"]
+        async with http.post(
+            server.make_url("/v1/chat/completions"),
+            data=b"{",
+            headers={"Content-Type": "application/json"},
+        ) as resp:
+            body = await resp.json()
+        assert resp.status == 400 and resp.headers["x-gateway-refusal"] == "invalid_request"
     finally:
         await server.close()
 

@@ -394,3 +394,46 @@ async def test_a_lower_lane_is_shed_while_a_higher_one_waits_near_its_deadline()
         scheduler.release(await scheduler.acquire("interactive"))
     assert scheduler.pressing_lane("bulk") is None
     scheduler.release(await scheduler.acquire("bulk"))
+
+
+async def test_retry_after_is_the_line_ahead_over_the_measured_drain_rate() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"max_queue_depth": 4, "reject_predicted_wait": False}, clock=clock)
+    assert scheduler.drain_rate("bulk") is None
+    # One request dispatched every 2 s: the line drains at 0.5 requests per second.
+    for _ in range(6):
+        grant = await scheduler.acquire("bulk")
+        clock.advance(2.0)
+        scheduler.release(grant)
+    assert scheduler.drain_rate("bulk") == pytest.approx(5 / 12)
+    held = await scheduler.acquire("bulk")
+    assert scheduler.drain_rate("bulk") == pytest.approx(0.5)
+    queued = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(4)]
+    await settle()
+    with pytest.raises(Refusal) as refused:
+        await scheduler.acquire("bulk")
+    assert refused.value.code == "queue_full"
+    # Five places in line (four queued and a retry) at 0.5 per second.
+    assert refused.value.retry_after_s == 10
+    # Nothing leaves the line for a while: the rate falls, Retry-After grows (to its cap).
+    clock.advance(100.0)
+    with pytest.raises(Refusal) as refused:
+        await scheduler.acquire("bulk")
+    assert refused.value.retry_after_s == 60
+    for task in queued:
+        task.cancel()
+    await asyncio.gather(*queued, return_exceptions=True)
+    scheduler.release(held)
+
+
+async def test_a_lanes_drain_rate_counts_the_higher_lanes_that_go_first() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, clock=clock)
+    for lane in ("interactive", "bulk", "interactive"):
+        grant = await scheduler.acquire(lane)
+        clock.advance(1.0)
+        scheduler.release(grant)
+    # interactive: two dispatches 2 s apart, 3 s ago for the first -> 1/3 per s.
+    assert scheduler.drain_rate("interactive") == pytest.approx(1 / 3)
+    # bulk: only one of its own (no rate), plus interactive's.
+    assert scheduler.drain_rate("bulk") == pytest.approx(1 / 3)
