@@ -77,5 +77,10 @@ bench-loop-lag: $(STAMP)
 bench-shadow: $(STAMP)
 	$(PY) scripts/bench_shadow.py $(ARGS)
 
+.PHONY: bench-cache
+## bench-cache: multi-turn chat on 4 simulators, least-load vs cache-aware routing, ~7 min (--quick ~3)
+bench-cache: $(STAMP)
+	$(PY) scripts/bench_cache.py $(ARGS)
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -51,6 +51,7 @@ def build_app(
         [Backend.from_settings(b) for b in settings.backends],
         lane_backends={lane.name: lane.backends for lane in settings.lanes},
         health=settings.health,
+        routing=settings.routing,
         clock=time.monotonic,
     )
     slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}

@@ -212,6 +212,27 @@ class HealthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     probe_on_start: bool = True
 
 
+class RoutingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Which backend of a lane gets a request, besides load (see `upstream/pool.py`)."""
+
+    #: Send a prompt to the backend that was sent its prefix lately (its engine probably
+    #: has it cached and skips that prefill). Costs nothing with one backend.
+    prefix_affinity: bool = True
+    #: Keep a session (`x-session-id`, else OpenAI's `user`, else the API key) on one
+    #: backend, the same on every replica (rendezvous hashing), so its first turns land
+    #: where the later ones will find their history cached.
+    session_affinity: bool = True
+    #: A backend busier than the least loaded one by more than this share of its slots
+    #: (requests in flight over slots) is not chosen for its cache or the session: a hot
+    #: prefix spreads, it never piles up. A share, so it means the same on 4 slots and 256.
+    cache_load_margin: Annotated[float, _rule("be in [0, 1]", ge=0, le=1)] = 0.5
+    #: Tokens of prefixes remembered per backend (its engine's cache is bounded too).
+    prefix_memory_tokens: Positive = 262_144
+    #: Choose the lane by the prompt's uncached part (a long prompt that is mostly cached
+    #: is a short request for the engine). Off: the lane is chosen by the whole prompt.
+    lane_by_uncached_tokens: bool = False
+
+
 class LoggingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     #: Per-request JSON lines go to stdout; this sets the level of the others.
     level: Annotated[
@@ -290,6 +311,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     )
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     api_keys: list[ApiKeySettings] = field(default_factory=list)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
@@ -332,6 +354,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "limits": LimitsSettings,
     "timeouts": TimeoutSettings,
     "health": HealthSettings,
+    "routing": RoutingSettings,
     "logging": LoggingSettings,
     "shadow": ShadowSettings,
     "tracing": TracingSettings,

@@ -16,6 +16,7 @@ from typing import Any
 from gateway.admission.auth import check_lane_allowed, lane_override
 from gateway.admission.lanes import choose_lane
 from gateway.admission.limits import OutputBudget, check_prompt, decide_output_budget
+from gateway.admission.prefix import PromptPrefix
 from gateway.config import ApiKeySettings, LaneSettings, LimitsSettings, Settings
 from gateway.outcomes import PromptTooLong
 
@@ -41,6 +42,8 @@ class RequestShape:
     prompt_count: int
     #: The client asked for the usage chunk itself (so it must not be removed).
     client_wants_usage: bool
+    #: The prompt's chained block hashes, for cache-aware routing (None: not hashable).
+    prefix: PromptPrefix | None = None
 
 
 @dataclass(slots=True)
@@ -64,6 +67,7 @@ def admit(
     *,
     limits: LimitsSettings | None = None,
     token_ratio: float = 1.0,
+    cached_tokens: int = 0,
 ) -> Admission:
     """Apply the caps, choose the lane, check the caller may use it; a Refusal if not.
 
@@ -71,7 +75,9 @@ def admit(
     its lane; it skips the lanes' size limits, not the caps. `limits`: the caps
     in force (the config's, tightened by what the backends accept). The caps and
     lane sizes are in the model's tokens: the gateway's tiktoken count times
-    `token_ratio`, the backends' learned tokens per gateway token.
+    `token_ratio`, the backends' learned tokens per gateway token. `cached_tokens`:
+    prompt tokens a backend probably has cached, which do not count for the lane (only
+    when `[routing] lane_by_uncached_tokens` is on; the caps count every token).
     """
     limits = limits or settings.limits
     override = lane_override(client, requested_lane, settings.lanes)
@@ -86,7 +92,8 @@ def admit(
         param=(shape.max_tokens_fields or ("max_tokens",))[0],
         longest_prompt_tokens=calibrated(shape.longest_prompt_tokens, token_ratio),
     )
-    lane = override or choose_lane(settings.lanes, prompt_tokens, budget.total)
+    lane_tokens = max(0, prompt_tokens - calibrated(cached_tokens, token_ratio))
+    lane = override or choose_lane(settings.lanes, lane_tokens, budget.total)
     if lane is None:
         raise PromptTooLong(
             f"No lane admits a request of {prompt_tokens} prompt tokens and "

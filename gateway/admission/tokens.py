@@ -28,6 +28,7 @@ from typing import Any
 
 import tiktoken
 
+from gateway.admission.prefix import PromptPrefix, prefix_of
 from gateway.admission.schema import (
     MAX_TOKEN_ID,
     ChatCompletionRequest,
@@ -102,6 +103,8 @@ class PromptSize:
 
     total: int
     longest: int
+    #: The prompt's chained block hashes (one prompt of text; None for a batch).
+    prefix: PromptPrefix | None = None
 
 
 def chat_prompt_parts(messages: Any, tools: Any = None) -> PromptParts:
@@ -185,7 +188,7 @@ def _lower_thread_priority() -> None:
 def _size(parts: PromptParts, text_counts: list[int]) -> PromptSize:
     total = parts.fixed_tokens + sum(text_counts)
     if parts.prompt_count == 1:
-        return PromptSize(total, total)
+        return PromptSize(total, total, prefix_of(parts.texts, text_counts))
     if parts.texts_are_prompts:
         return PromptSize(total, max(text_counts))
     return PromptSize(total, parts.longest_fixed)

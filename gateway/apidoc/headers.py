@@ -31,6 +31,14 @@ EXTRA_REQUEST_HEADERS: tuple[tuple[str, str], ...] = (
         "malformed.",
     ),
     (
+        "x-session-id",
+        "Names the conversation (or user) the request belongs to: its requests go to the "
+        "same backend, whose prefix cache then holds the history (faster first tokens on "
+        "later turns). Without it OpenAI's `user` field, else the API key, is used. The "
+        "gateway moves a session only when its backend is down or much busier than the "
+        "others.",
+    ),
+    (
         "Content-Type",
         "`application/json` (or none). Bodies must not be compressed (`Content-Encoding`): "
         "415 `unsupported_media_type`.",

@@ -52,6 +52,11 @@ class Dialect(ABC):
         """The backend's count of the prompt, from a whole answer; None when it does not say."""
         return None
 
+    def backend_cached_tokens(self, body: bytes) -> int | None:
+        """Prompt tokens the backend served from its cache, from a whole answer; None when
+        it does not say."""
+        return None
+
     def client_body(self, shape: RequestShape, body: bytes) -> bytes:
         """A whole answer as the client asked for it (only TGI ever changes it)."""
         return body

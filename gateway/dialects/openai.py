@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgspec
@@ -12,7 +13,7 @@ from gateway.admission.schema import ChatCompletionRequest, CompletionRequest, p
 from gateway.admission.tokens import TokenCounter, chat_parts, completion_prompt_parts
 from gateway.config import LimitsSettings
 from gateway.dialects.base import Dialect, sse_event
-from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher
+from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, cached_tokens_of
 
 
 class _OpenAIDialect(Dialect):
@@ -34,6 +35,10 @@ class _OpenAIDialect(Dialect):
 
     def backend_prompt_tokens(self, body: bytes) -> int | None:
         return _usage_count(body, "prompt_tokens")
+
+    def backend_cached_tokens(self, body: bytes) -> int | None:
+        usage = _usage(body)
+        return None if usage is None else cached_tokens_of(usage)
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         return sse_event({"error": error})
@@ -67,6 +72,7 @@ class ChatDialect(_OpenAIDialect):
             n=check_n(request.n, limits),
             prompt_count=1,
             client_wants_usage=request.wants_usage,
+            prefix=size.prefix,
         )
 
 
@@ -91,14 +97,22 @@ class CompletionDialect(_OpenAIDialect):
             n=check_n(request.n, limits),
             prompt_count=parts.prompt_count,
             client_wants_usage=request.wants_usage,
+            prefix=size.prefix,
         )
 
 
-def _usage_count(body: bytes, name: str) -> int | None:
-    """`usage[name]` of a whole answer; None when it has none."""
+@functools.lru_cache(maxsize=1)
+def _usage(body: bytes) -> dict[str, Any] | None:
+    """The `usage` of a whole answer (decoded once for the several counts read from it)."""
     try:
         usage = msgspec.json.decode(body).get("usage")
     except (msgspec.DecodeError, AttributeError):
         return None
-    tokens = usage.get(name) if isinstance(usage, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _usage_count(body: bytes, name: str) -> int | None:
+    """`usage[name]` of a whole answer; None when it has none."""
+    usage = _usage(body)
+    tokens = usage.get(name) if usage is not None else None
     return tokens if type(tokens) is int else None

@@ -51,6 +51,7 @@ class TgiDialect(Dialect):
             prompt_count=1,
             # For TGI: the client asked for `details` itself (so they must stay).
             client_wants_usage=bool((body.get("parameters") or {}).get("details")),
+            prefix=size.prefix,
         )
 
     def backend_body(self, shape: RequestShape, budget: OutputBudget) -> dict[str, Any]:

@@ -36,9 +36,10 @@ from gateway.outcomes import (
 )
 from gateway.scheduling.scheduler import Grant, Scheduler, WaitNote
 from gateway.state import GATEWAY, GatewayState
+from gateway.upstream.affinity import SESSION_HEADER, session_key
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.learn import learn_from
-from gateway.upstream.pool import Backend
+from gateway.upstream.pool import Backend, RouteHint
 from gateway.upstream.relay import RelayPlan
 
 MAX_REQUEST_ID_LENGTH = 128
@@ -148,6 +149,14 @@ def with_member(body: bytes, key: str, value: int) -> bytes:
     """`body` (an encoded JSON object) with one more member, last, so that it wins."""
     member = _encode_json(key) + b":" + _encode_json(value)
     return body[:-1] + (b"," if body != b"{}" else b"") + member + b"}"
+
+
+def route_hint(request: web.Request, shape: RequestShape, client: str | None) -> RouteHint:
+    """What the pool may route by besides load: the prompt's blocks and its session."""
+    return RouteHint(
+        shape.prefix,
+        session_key(request.headers.get(SESSION_HEADER), shape.body.get("user"), client),
+    )
 
 
 def queue_budget_s(client_deadline: float, own_prefill_s: float) -> float:
@@ -265,6 +274,9 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             requested_lane,
             limits=state.limits,
             token_ratio=state.pool.token_ratio(None),
+            cached_tokens=state.pool.expected_cached_tokens(shape.prefix)
+            if state.settings.routing.lane_by_uncached_tokens
+            else 0,
         )
         if admission.override_ignored:
             state.events.warning(
@@ -285,6 +297,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.enqueued = clock()
         scheduler, budget = state.scheduler, admission.budget
         note = WaitNote()
+        hint = route_hint(request, shape, record.client)
         try:
             grant = held = await scheduler.acquire(
                 lane,
@@ -296,10 +309,13 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                     client_deadline, state.pool.prefill_s(lane, shape.prompt_tokens)
                 ),
                 note=note,
+                hint=hint,
             )
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
         record.dispatched = clock()
+        record.cached_tokens_expected = held.slot.cached_tokens
+        record.routed_by = held.slot.reason
         if early is not None:
             early.phase = WAITING
         if not shape.stream:
@@ -329,7 +345,9 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             pool=state.pool,
             backend=lambda: held.slot.backend,
             plan_for=plan_for,
-            move_elsewhere=lambda: scheduler.reassign(held, shape.prompt_tokens, budget.total),
+            move_elsewhere=lambda: scheduler.reassign(
+                held, shape.prompt_tokens, budget.total, hint
+            ),
         )
         return response if early is None else await settled(early, response, record, dialect)
     except Refusal as refusal:

@@ -108,8 +108,32 @@ class GatewayMetrics:
         self.shadow_in_flight = Gauge(
             "gateway_shadow_in_flight", "Shadow mirrors running now.", registry=r
         )
+        # Cache-aware routing (upstream/pool.py): why each backend was chosen, and the
+        # prompt tokens each backend said it served from its cache, next to all it got.
+        self.routing_decisions = Counter(
+            "gateway_routing_decisions",
+            "Dispatches by why the backend was chosen: prefix (cached there), session, load.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.backend_prompt_tokens = Counter(
+            "gateway_backend_prompt_tokens",
+            "Prompt tokens the backend reported (usage.prompt_tokens), of requests that "
+            "reported cached tokens too.",
+            ["backend"],
+            registry=r,
+        )
+        self.backend_cached_tokens = Counter(
+            "gateway_backend_cached_tokens",
+            "Prompt tokens the backend reported served from its prefix cache "
+            "(usage.prompt_tokens_details.cached_tokens): the hit ratio is this over "
+            "gateway_backend_prompt_tokens_total.",
+            ["backend"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
+        self._routing_counters: dict[tuple[str, str], Any] = {}
         self._lane_series: dict[str, _LaneSeries] = {}
 
     def observe(self, record: RequestRecord) -> None:
@@ -138,6 +162,18 @@ class GatewayMetrics:
             series.prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens:
             series.completion_tokens.inc(record.completion_tokens)
+        if record.backend is not None and record.routed_by is not None:
+            self._observe_routing(record.backend, record.routed_by, record)
+
+    def _observe_routing(self, backend: str, reason: str, record: RequestRecord) -> None:
+        decisions = self._routing_counters.get((backend, reason))
+        if decisions is None:
+            decisions = self.routing_decisions.labels(backend, reason)
+            self._routing_counters[(backend, reason)] = decisions
+        decisions.inc()
+        if record.cached_tokens is not None and record.backend_prompt_tokens:
+            self.backend_prompt_tokens.labels(backend).inc(record.backend_prompt_tokens)
+            self.backend_cached_tokens.labels(backend).inc(record.cached_tokens)
 
     def _series_of(self, lane: str) -> _LaneSeries:
         return _LaneSeries(

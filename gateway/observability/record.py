@@ -62,6 +62,12 @@ class RequestRecord:
     deadline_s: float | None = None
     #: The Retry-After a refusal carried (seconds, before rounding up).
     retry_after_s: float | None = None
+    #: Prompt tokens routing expected the backend to have cached, and what the backend
+    #: said it had (`usage.prompt_tokens_details.cached_tokens`), when it says.
+    cached_tokens_expected: int | None = None
+    cached_tokens: int | None = None
+    #: Why its backend was chosen: "prefix" (cached there), "session" or "load".
+    routed_by: str | None = None
     #: When the request joined its lane's queue (after admission).
     enqueued: float | None = None
     #: When it got a slot and was sent to the backend.
@@ -125,6 +131,9 @@ class RequestRecord:
             "predicted_wait_ms": _seconds_as_ms(self.predicted_wait_s),
             "deadline_ms": _seconds_as_ms(self.deadline_s),
             "retry_after_s": self.retry_after_s,
+            "cached_tokens_expected": self.cached_tokens_expected,
+            "cached_tokens": self.cached_tokens,
+            "routed_by": self.routed_by,
             "queue_ms": self.queue_ms,
             "backend_ttft_ms": self.backend_ttft_ms,
             "ttft_ms": self.ttft_ms,

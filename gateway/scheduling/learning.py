@@ -113,6 +113,8 @@ class BackendModel:
         self._tpot_all = WindowedMedian(PRIOR_TPOT_S)
         self._tpot_by_streams: dict[int, WindowedMedian] = {}
         self._token_ratio = WindowedMedian(1.0)
+        self._cache_hits: deque[float] = deque(maxlen=WINDOW)
+        self._cache_hit_sum = 0.0
 
     # -- learning ------------------------------------------------------------------
 
@@ -150,7 +152,29 @@ class BackendModel:
         low, high = TOKEN_RATIO_BOUNDS
         self._token_ratio.add(min(high, max(low, backend_tokens / gateway_tokens)))
 
+    def observe_cache(self, expected_tokens: int, reported_tokens: int) -> None:
+        """Routing expected `expected_tokens` of a prompt cached here; the backend said it
+        served `reported_tokens` from its cache (both in its tokens or both in ours)."""
+        if expected_tokens <= 0:
+            return
+        hits = self._cache_hits
+        if len(hits) == hits.maxlen:
+            self._cache_hit_sum -= hits[0]
+        share = min(1.0, max(0.0, reported_tokens / expected_tokens))
+        hits.append(share)
+        self._cache_hit_sum += share
+
     # -- predictions ---------------------------------------------------------------
+
+    @property
+    def cache_hit_share(self) -> float:
+        """The share of the tokens routing expects cached that the backend really serves
+        from its cache (the mean of recent requests): 0 for an engine without a prefix
+        cache, so the expectation stops counting there. 1 until it has said."""
+        hits = self._cache_hits
+        if len(hits) < MIN_SAMPLES:
+            return 1.0
+        return self._cache_hit_sum / len(hits)
 
     @property
     def prefill_tokens_per_s(self) -> float:

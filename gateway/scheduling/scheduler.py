@@ -70,9 +70,16 @@ class SlotSource(Protocol):
     """Where slots come from (the backend pool)."""
 
     def try_take(
-        self, lane: str, prompt_tokens: int, output_tokens: int = 0, exclude: Any = None
+        self,
+        lane: str,
+        prompt_tokens: int,
+        output_tokens: int = 0,
+        exclude: Any = None,
+        hint: Any = None,
     ) -> Any | None:
-        """A slot for a request of `lane` (not on the backend of slot `exclude`), or None."""
+        """A slot for a request of `lane` (not on the backend of slot `exclude`), or None.
+
+        `hint` is the request's routing hint, passed through untouched."""
 
     def prefill_done(self, slot: Any) -> None:
         """The request's prompt is no longer in prefill (its first byte came back)."""
@@ -111,6 +118,8 @@ class _Waiter:
     #: Its place in line at arrival: requests ahead of it plus one.
     position: int = 1
     timer: asyncio.TimerHandle | None = None
+    #: What the slot source may route it by (its prompt's prefix, its session).
+    hint: Any = None
 
 
 @dataclass(slots=True)
@@ -268,6 +277,7 @@ class Scheduler:
         *,
         client_deadline_s: float | None = None,
         note: WaitNote | None = None,
+        hint: Any = None,
     ) -> Grant:
         """Wait for a slot in lane `name`; a Refusal when refused or timed out.
 
@@ -310,7 +320,7 @@ class Scheduler:
             )
         if lane.in_flight < lane.slot_limit and not any(other.queue for other in self._lanes):
             # Nobody waits anywhere: what dispatching would do, without queueing a future.
-            slot = self._source.try_take(name, prompt_tokens, output_tokens)
+            slot = self._source.try_take(name, prompt_tokens, output_tokens, hint=hint)
             if slot is not None:
                 lane.in_flight += 1
                 lane.recent_waits.append(0.0)
@@ -323,6 +333,7 @@ class Scheduler:
             output_tokens,
             loop.create_future(),
             position=self._place_in_line(lane),
+            hint=hint,
         )
         lane.queue.append(waiter)
         self._dispatch()
@@ -387,9 +398,13 @@ class Scheduler:
             self._source.prefill_done(grant.slot)
             self._dispatch()
 
-    def reassign(self, grant: Grant, prompt_tokens: int, output_tokens: int) -> bool:
+    def reassign(
+        self, grant: Grant, prompt_tokens: int, output_tokens: int, hint: Any = None
+    ) -> bool:
         """Move a held grant to a slot on another backend at once (a retry); False if none."""
-        slot = self._source.try_take(grant.lane, prompt_tokens, output_tokens, exclude=grant.slot)
+        slot = self._source.try_take(
+            grant.lane, prompt_tokens, output_tokens, exclude=grant.slot, hint=hint
+        )
         if slot is None:
             return False
         self._source.give_back(grant.slot)
@@ -450,7 +465,9 @@ class Scheduler:
         order += [lane for lane in ready if lane not in pressed and lane not in order]
         for lane in order:
             head = lane.queue[0]
-            slot = self._source.try_take(lane.name, head.prompt_tokens, head.output_tokens)
+            slot = self._source.try_take(
+                lane.name, head.prompt_tokens, head.output_tokens, hint=head.hint
+            )
             if slot is None:
                 continue
             waiter = lane.queue.popleft()

@@ -32,6 +32,21 @@ token counts, not request counts, are what fill an engine. Then the fewest
 in-flight. An unlearned backend looks fast (the prior), so it is tried soon
 and learned within a few requests.
 
+Cache and session (`[routing]`): engines cache the KV of prompts they served,
+so a prompt whose prefix (system prompt, conversation history) was sent to a
+backend lately starts sooner there: its predicted first token counts only the
+uncached part (`prefix_index.py`), and so does its share of the prefill budget;
+the backend with the most of the prompt cached wins (a turn that left its
+history behind would make every later turn prefill it again).
+A backend busier than the least loaded one by more than `cache_load_margin` (a
+share of its slots in flight: 0.5, so 6 of 8 against 2 of 8) is judged without
+its cache, so a hot prefix spreads instead of piling up. Between backends
+holding as much of the prompt, the session's backend (rendezvous hashing,
+`affinity.py`) wins while it is within the margin, so a conversation's first
+turn lands where its later turns, through any replica, will look for it; then
+the soonest first token. Picking and reserving a slot is one synchronous step: two
+requests cannot race for the same "least loaded" backend.
+
 Health: a backend is available while its last active check passed and it is
 not ejected. Consecutive failures (connect errors, 5xx, first-byte timeouts)
 eject it for a cooldown that doubles on each repeat; it comes back by itself.
@@ -43,9 +58,33 @@ import asyncio
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from gateway.config import DEFAULT_MAX_CONCURRENCY, BackendSettings, HealthSettings
+from gateway.admission.prefix import PromptPrefix
+from gateway.config import (
+    DEFAULT_MAX_CONCURRENCY,
+    BackendSettings,
+    HealthSettings,
+    RoutingSettings,
+)
 from gateway.outcomes import NoBackend, Outcome
 from gateway.scheduling.learning import BackendModel
+from gateway.upstream.affinity import rendezvous_weight
+from gateway.upstream.prefix_index import PrefixIndex
+
+#: Why a backend was chosen (the routing metric's label).
+BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
+
+
+def _busy(backend: Backend) -> float:
+    """How busy a backend is, for the cache margin: its share of slots in flight."""
+    return backend.in_flight / backend.max_concurrency
+
+
+@dataclass(slots=True, frozen=True)
+class RouteHint:
+    """What routing may use besides load: the prompt's blocks and the session's key."""
+
+    prefix: PromptPrefix | None = None
+    session: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -89,6 +128,8 @@ class Backend:
     engine_limit: int | None = None
     #: The context window the engine reports (tokens), when it does.
     engine_context_tokens: int | None = None
+    #: The prompt prefixes sent here lately: what its engine probably has cached.
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex)
     _prefilling: set[Slot] = field(default_factory=set)
 
     @classmethod
@@ -140,7 +181,7 @@ class Backend:
         """Prompt tokens predicted still to prefill for requests dispatched here before."""
         rate = self.model.prefill_tokens_per_s
         return sum(
-            max(0, slot.prompt_tokens - int((now - slot.dispatched_at) * rate))
+            max(0, slot.prefill_tokens - int((now - slot.dispatched_at) * rate))
             for slot in self._prefilling
         )
 
@@ -178,6 +219,15 @@ class Slot:
     #: The engine was reporting a queue of its own (its TTFT is not a clean sample).
     engine_queued: bool = False
     prefilling: bool = True
+    #: Prompt tokens the backend probably has cached (routing's guess: the prefix sent
+    #: there times the share of such guesses it really served from cache), and the rest:
+    #: what it has to prefill.
+    cached_tokens: int = 0
+    prefill_tokens: int = 0
+    #: The prefix sent there before, in tokens (the guess before that share).
+    matched_tokens: int = 0
+    #: Why this backend: BY_PREFIX, BY_SESSION or BY_LOAD.
+    reason: str = BY_LOAD
 
 
 class BackendPool:
@@ -189,10 +239,14 @@ class BackendPool:
         *,
         lane_backends: Mapping[str, Collection[str] | None] | None = None,
         health: HealthSettings | None = None,
+        routing: RoutingSettings | None = None,
         clock: Callable[[], float],
     ) -> None:
         self.backends = backends
         self.health = health or HealthSettings()
+        self.routing = routing or RoutingSettings()
+        for backend in backends:
+            backend.prefixes.capacity_tokens = self.routing.prefix_memory_tokens
         self.clock = clock
         by_name = {b.name: b for b in backends}
         self._lane_backends = {
@@ -244,51 +298,119 @@ class BackendPool:
         prompt_tokens: int,
         output_tokens: int = 0,
         exclude: Slot | None = None,
+        hint: RouteHint | None = None,
     ) -> Slot | None:
-        """A slot on the best backend for this request; not on `exclude`'s backend."""
+        """A slot on the best backend for this request; not on `exclude`'s backend.
+
+        Among the backends within the load margin: the most of the prompt cached (in
+        sixteenths of it), then the session's backend, then the soonest first token.
+        The cache comes first because a turn that leaves its history behind costs more
+        than its own wait: every later turn of the conversation prefills it again.
+        """
         now = self.clock()
         avoid = exclude.backend if exclude is not None else None
+        candidates = [
+            backend
+            for backend in self.backends_of(lane)
+            if backend is not avoid and backend.free_slots > 0 and backend.available(now)
+        ]
+        if not candidates:
+            return None
+        routing = self.routing
+        prefix = hint.prefix if hint is not None and routing.prefix_affinity else None
+        session = hint.session if hint is not None and routing.session_affinity else None
+        affine = None
+        if session is not None and len(candidates) > 1:
+            affine = self._session_backend(lane, session, now)
+        # Only backends within the margin of the least loaded may win by cache or session.
+        within = min(_busy(backend) for backend in candidates) + routing.cache_load_margin
         best: Backend | None = None
-        best_key = (0, 0.0, 0)
-        for backend in self.backends_of(lane):
-            if (
-                backend is avoid
-                or backend.free_slots <= 0
-                or not backend.available(now)
-                or not backend.can_prefill(prompt_tokens)
-            ):
+        best_key: tuple[int, bool, int, float, int] = (0, False, 0, 0.0, 0)
+        best_cached = best_matched = 0
+        for backend in candidates:
+            cached = matched = 0
+            favoured = _busy(backend) <= within
+            if prefix is not None and favoured:
+                matched = min(prompt_tokens, backend.prefixes.matched_tokens(prefix))
+                cached = int(matched * backend.model.cache_hit_share)
+            uncached = prompt_tokens - cached
+            if not backend.can_prefill(uncached):
                 continue
-            # The soonest first token (in 10 ms steps, so equal backends tie), then the
-            # fewest outstanding tokens per unit of weight.
-            ttft = backend.prefilling_s + backend.model.prefill_s(prompt_tokens)
-            key = (int(ttft * 100), backend.outstanding_tokens / backend.weight, backend.in_flight)
+            ttft = backend.prefilling_s + backend.model.prefill_s(uncached)
+            key = (
+                -(cached * 16 // max(1, prompt_tokens)),
+                not (favoured and backend is affine),
+                # The soonest first token in 10 ms steps (so equal backends tie), then the
+                # fewest outstanding tokens per unit of weight.
+                int(ttft * 100),
+                backend.outstanding_tokens / backend.weight,
+                backend.in_flight,
+            )
             if best is None or key < best_key:
-                best, best_key = backend, key
+                best, best_key, best_cached, best_matched = backend, key, cached, matched
         if best is None:
             return None
+        if best_cached:
+            reason = BY_PREFIX
+        else:
+            reason = BY_SESSION if best is affine and not best_key[1] else BY_LOAD
+        slot = self._reserve(best, prompt_tokens, output_tokens, best_cached, reason, prefix, now)
+        slot.matched_tokens = best_matched
+        return slot
+
+    def _session_backend(self, lane: str, session: str, now: float) -> Backend | None:
+        """The session's backend: the highest rendezvous weight among the lane's available
+        ones (full or not: a busy session backend is skipped, not replaced)."""
+        available = [b for b in self.backends_of(lane) if b.available(now)]
+        return max(available, key=lambda b: rendezvous_weight(session, b.name), default=None)
+
+    def _reserve(
+        self,
+        backend: Backend,
+        prompt_tokens: int,
+        output_tokens: int,
+        cached: int,
+        reason: str,
+        prefix: PromptPrefix | None,
+        now: float,
+    ) -> Slot:
+        """Take the slot on `backend` (in the same step as choosing it: no race)."""
+        uncached = prompt_tokens - cached
         slot = Slot(
-            best,
+            backend,
             prompt_tokens,
             output_tokens,
             dispatched_at=now,
-            prefill_s=best.model.prefill_s(prompt_tokens),
-            ahead_tokens=best.prefill_ahead_tokens(now) if best.prefilling_tokens else 0,
-            engine_queued=best.engine_limit is not None,
+            prefill_s=backend.model.prefill_s(uncached),
+            ahead_tokens=backend.prefill_ahead_tokens(now) if backend.prefilling_tokens else 0,
+            engine_queued=backend.engine_limit is not None,
+            cached_tokens=cached,
+            prefill_tokens=uncached,
+            reason=reason,
         )
-        best.in_flight += 1
-        best.dispatches += 1
-        best.prefilling_tokens += prompt_tokens
-        best.prefilling_s += slot.prefill_s
-        best.outstanding_tokens += prompt_tokens + output_tokens
-        best._prefilling.add(slot)
+        backend.in_flight += 1
+        backend.dispatches += 1
+        backend.prefilling_tokens += uncached
+        backend.prefilling_s += slot.prefill_s
+        backend.outstanding_tokens += prompt_tokens + output_tokens
+        backend._prefilling.add(slot)
+        if prefix is not None:
+            backend.prefixes.add(prefix)
         return slot
+
+    def expected_cached_tokens(self, prefix: PromptPrefix | None) -> int:
+        """The most prompt tokens any backend probably has cached (for the lane choice by
+        the uncached part, made before the lane and so its backends are known)."""
+        if prefix is None or not self.routing.prefix_affinity:
+            return 0
+        return max((b.prefixes.matched_tokens(prefix) for b in self.backends), default=0)
 
     def prefill_done(self, slot: Slot) -> None:
         """The backend answered its first byte: the prompt is no longer in prefill."""
         if slot.prefilling:
             slot.prefilling = False
             backend = slot.backend
-            backend.prefilling_tokens -= slot.prompt_tokens
+            backend.prefilling_tokens -= slot.prefill_tokens
             backend._prefilling.discard(slot)
             # Summed floats drift: recompute the total from what is left.
             backend.prefilling_s = (
@@ -328,12 +450,16 @@ class BackendPool:
         backend.ejections += 1
         backend.consecutive_failures = 0
         backend.ejected_until = self.clock() + cooldown
+        # Failing: it may be restarting, and a restarted engine has lost its cache.
+        backend.prefixes.clear()
         # Serve the queues again when the cooldown ends (a no-op if still unhealthy).
         asyncio.get_running_loop().call_later(cooldown, self.on_available)
 
     def set_health(self, backend: Backend, healthy: bool) -> None:
         """The result of an active check."""
         came_back = healthy and not backend.healthy
+        if not healthy:
+            backend.prefixes.clear()  # down (maybe restarting): its cache is gone
         backend.healthy = healthy
         if came_back:
             self.on_available()

@@ -290,6 +290,7 @@ async def _relay_body(
         record.outcome = Outcome.OK
         record.completion_tokens = plan.dialect.completion_tokens(body)
         record.backend_prompt_tokens = plan.dialect.backend_prompt_tokens(body)
+        record.cached_tokens = plan.dialect.backend_cached_tokens(body)
         body = plan.dialect.client_body(plan.shape, body)
     else:
         record.outcome = Outcome.BACKEND_ERROR if status >= 500 else Outcome.BACKEND_REJECTED
@@ -368,6 +369,7 @@ async def _relay_stream(
         return await _fail_stream(client_response, plan, record, watcher, "broke off mid-stream")
     record.completion_tokens = watcher.completion_tokens
     record.backend_prompt_tokens = watcher.prompt_tokens
+    record.cached_tokens = watcher.cached_tokens
     if not watcher.done:
         return await _fail_stream(client_response, plan, record, watcher, "ended before its end")
     if watcher.backend_error:  # relayed as the backend sent it; the log says what happened

@@ -126,6 +126,11 @@ class BackendSizer:
         if facts.slots and not backend.concurrency_configured:
             backend.max_concurrency = facts.slots
         backend.engine_context_tokens = facts.context_tokens
+        if facts.engine == "llama.cpp" and facts.slots and facts.context_tokens:
+            # Its prompt cache is its slots' contexts: remember no more prefixes than that.
+            backend.prefixes.capacity_tokens = min(
+                self.settings.routing.prefix_memory_tokens, facts.slots * facts.context_tokens
+            )
         self.events.info(
             "backend_described",
             backend=backend.name,

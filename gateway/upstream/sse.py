@@ -119,6 +119,7 @@ class StreamWatcher:
         "first_token_seen",
         "completion_tokens",
         "prompt_tokens",
+        "cached_tokens",
         "done",
         "backend_error",
         "_rest",
@@ -130,6 +131,8 @@ class StreamWatcher:
         self.completion_tokens: int | None = None
         #: The backend's own count of the prompt (usage.prompt_tokens), when it says.
         self.prompt_tokens: int | None = None
+        #: Prompt tokens the backend served from its cache (usage.prompt_tokens_details).
+        self.cached_tokens: int | None = None
         #: The stream's own end marker was seen ([DONE], or TGI's final event).
         self.done = False
         #: The backend reported an error inside the stream (`{"error": ...}`).
@@ -236,9 +239,20 @@ class OpenAIStreamWatcher(StreamWatcher):
             prompt = usage.get("prompt_tokens")
             if type(prompt) is int:
                 self.prompt_tokens = prompt
+            self.cached_tokens = cached_tokens_of(usage)
             if self.strip_usage and chunk.get("choices") == []:
                 return False
         return True
+
+
+def cached_tokens_of(usage: dict[str, object]) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (OpenAI's and vLLM's name), if given."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        cached = details.get("cached_tokens")
+        if type(cached) is int and cached >= 0:
+            return cached
+    return None
 
 
 TGI_NOT_FINAL = b'"generated_text":null'

@@ -370,7 +370,7 @@ async def test_short_request_is_served_before_queued_long_ones(
 
     longs = []
     for index in range(3):
-        longs.append(asyncio.create_task(send(LONG_PROMPT + str(index), 16, f"long-{index}")))
+        longs.append(asyncio.create_task(send(str(index) + LONG_PROMPT, 16, f"long-{index}")))
         await asyncio.sleep(0.05)
     await eventually(lambda: _async(lane_gauge(gateway, "bulk") == (1, 2)))
     short_e2e = await send(SHORT_PROMPT, 8, "short")
@@ -558,7 +558,7 @@ async def test_prefill_budget_keeps_long_prompts_from_stacking_up_in_the_engine(
         await send(SHORT_PROMPT, "short")
 
     await asyncio.gather(
-        send(LONG_PROMPT + "a", "long-a"), send(LONG_PROMPT + "b", "long-b"), short_later()
+        send("a" + LONG_PROMPT, "long-a"), send("b" + LONG_PROMPT, "long-b"), short_later()
     )
     seen = {r["request_id"]: r for r in await sim_requests(http, sim)}
     first, second = sorted((seen["long-a"], seen["long-b"]), key=lambda r: r["arrival"])

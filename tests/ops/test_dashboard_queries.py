@@ -434,8 +434,15 @@ async def test_every_panel_and_recording_rule_returns_data_from_a_real_prometheu
         assert len(loaded) == len(rules())
         bad = [(r["name"], r["health"], r.get("lastError")) for r in loaded if r["health"] != "ok"]
         assert not bad, bad
-        recorded = await query(
-            http, prometheus, 'lane:gateway_ttft_seconds:p99_5m{lane="interactive"}'
-        )
+        # Its own recorded series appears at an evaluation after both traffic rounds
+        # (one each second): poll for it rather than race the evaluation.
+        recorded: Any = None
+        for _ in range(40):
+            recorded = await query(
+                http, prometheus, 'lane:gateway_ttft_seconds:p99_5m{lane="interactive"}'
+            )
+            if finite(recorded):
+                break
+            await asyncio.sleep(0.25)
         assert finite(recorded), recorded
     print(f"{checked} expressions returned data ({len(panel_queries(board))} panel targets)")

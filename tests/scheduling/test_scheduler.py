@@ -24,7 +24,12 @@ class CountingSlots:
         self.free = slots
 
     def try_take(
-        self, lane: str, prompt_tokens: int, output_tokens: int = 0, exclude: object = None
+        self,
+        lane: str,
+        prompt_tokens: int,
+        output_tokens: int = 0,
+        exclude: object = None,
+        hint: object = None,
     ) -> object | None:
         if self.free == 0:
             return None

@@ -1,13 +1,15 @@
-"""Backend slots and the prefill budget."""
+"""Backend slots, the prefill budget, cache-aware routing and session affinity."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from gateway.config import LaneSettings
+from gateway.admission.prefix import PromptPrefix, prefix_of
+from gateway.config import LaneSettings, RoutingSettings
 from gateway.scheduling.scheduler import Scheduler
-from gateway.upstream.pool import Backend, BackendPool
+from gateway.upstream.affinity import rendezvous_weight
+from gateway.upstream.pool import BY_LOAD, BY_PREFIX, BY_SESSION, Backend, BackendPool, RouteHint
 
 
 def test_least_busy_backend_with_a_free_slot_is_chosen() -> None:
@@ -142,3 +144,103 @@ def test_token_ratio_is_the_largest_of_the_backends() -> None:
         b.model.observe_prompt_count(1000, 1250)
     pool = BackendPool([a, b], clock=time.monotonic)
     assert pool.token_ratio() == 1.25
+
+
+# -- cache-aware routing and session affinity --------------------------------------------
+
+
+def long(text: str) -> str:
+    return f"{text}: " + "words of this message " * 4
+
+
+def conversation(*turns: str, tokens: int = 500) -> PromptPrefix:
+    texts = [long(t) for t in ("system prompt", *turns)]
+    prefix = prefix_of(texts, [tokens] * len(texts))
+    assert prefix is not None
+    return prefix
+
+
+def four(slots: int = 8) -> list[Backend]:
+    return [Backend(f"b{n}", f"http://b{n}", slots) for n in range(4)]
+
+
+def test_a_conversations_next_turn_goes_where_its_prefix_was_sent() -> None:
+    backends = four()
+    pool = BackendPool(backends, clock=time.monotonic)
+    first = pool.try_take("x", 1000, hint=RouteHint(conversation("q1")))
+    assert first is not None and first.reason == BY_LOAD and first.cached_tokens == 0
+    pool.prefill_done(first)
+    # Busier than the others (within the margin), it still starts the next turn sooner.
+    second = pool.try_take("x", 2000, hint=RouteHint(conversation("q1", "a1 q2")))
+    assert second is not None
+    assert second.backend is first.backend and second.reason == BY_PREFIX
+    assert second.cached_tokens == 1000 and second.prefill_tokens == 1000
+    assert first.backend.prefilling_tokens == 1000  # only the uncached part prefills
+
+
+def test_a_backend_over_the_margin_is_not_chosen_for_its_cache() -> None:
+    backends = four()
+    pool = BackendPool(
+        backends, routing=RoutingSettings(cache_load_margin=0.25), clock=time.monotonic
+    )
+    hot = conversation("shared question")
+    slots = [pool.try_take("x", 1000, hint=RouteHint(hot)) for _ in range(40)]
+    # Every request shares the hot prefix: it still spreads over all four, none more than
+    # the margin above the least loaded.
+    counts = [b.in_flight for b in backends]
+    assert sum(counts) == 32 and max(counts) - min(counts) <= 2, counts
+    assert sum(1 for slot in slots if slot is None) == 8
+
+
+def test_prefix_affinity_off_balances_by_load_only() -> None:
+    backends = four()
+    pool = BackendPool(
+        backends, routing=RoutingSettings(prefix_affinity=False), clock=time.monotonic
+    )
+    first = pool.try_take("x", 1000, hint=RouteHint(conversation("q1")))
+    assert first is not None
+    second = pool.try_take("x", 1000, hint=RouteHint(conversation("q1")))
+    assert second is not None and second.backend is not first.backend
+    assert second.cached_tokens == 0 and not any(len(b.prefixes) for b in backends)
+
+
+def test_a_session_goes_to_its_rendezvous_backend_and_moves_only_when_it_is_gone() -> None:
+    backends = four()
+    pool = BackendPool(backends, clock=time.monotonic)
+    owner = max(backends, key=lambda b: rendezvous_weight("conv-9", b.name))
+    slot = pool.try_take("x", 100, hint=RouteHint(None, "conv-9"))
+    assert slot is not None and slot.backend is owner and slot.reason == BY_SESSION
+    pool.give_back(slot)
+    owner.healthy = False
+    moved = pool.try_take("x", 100, hint=RouteHint(None, "conv-9"))
+    assert moved is not None and moved.backend is not owner
+    second = max(
+        (b for b in backends if b is not owner), key=lambda b: rendezvous_weight("conv-9", b.name)
+    )
+    assert moved.backend is second
+
+
+def test_an_engine_that_serves_nothing_from_cache_is_no_longer_trusted_with_it() -> None:
+    backend, other = Backend("a", "http://a", 8), Backend("b", "http://b", 8)
+    pool = BackendPool([backend, other], clock=time.monotonic)
+    for _ in range(5):
+        backend.model.observe_cache(1000, 0)
+    backend.prefixes.add(conversation("q1"))
+    slot = pool.try_take("x", 2000, hint=RouteHint(conversation("q1", "q2")))
+    assert slot is not None and slot.cached_tokens == 0 and slot.reason == BY_LOAD
+    assert slot.matched_tokens in (0, 1000)
+
+
+def test_the_prefill_budget_counts_only_the_uncached_part() -> None:
+    backend = Backend("a", "http://a", 8, max_prefill_tokens=4096)
+    pool = BackendPool([backend], clock=time.monotonic)
+    long_history = conversation("a long history", tokens=1500)
+    first = pool.try_take("bulk", 3000, hint=RouteHint(long_history))
+    assert first is not None
+    # Same 3000-token prefix and 200 more: only 200 to prefill, so it fits the budget.
+    turn = prefix_of(
+        [long("system prompt"), long("a long history"), long("more")], [1500, 1500, 200]
+    )
+    second = pool.try_take("bulk", 3200, hint=RouteHint(turn))
+    assert second is not None and second.prefill_tokens == 200
+    assert pool.try_take("bulk", 3000) is None  # an uncached long one still waits

@@ -16,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from gateway.tools.loadgen.client import RetryPolicy, RunResult
+from gateway.tools.loadgen.conversations import (
+    NAMED_CONVERSATION_MIXES,
+    ConversationPlan,
+    plan_conversations,
+    resolve_conversation_mix,
+)
 from gateway.tools.loadgen.mix import (
     DEFAULT_MIX,
     NAMED_MIXES,
@@ -27,8 +33,13 @@ from gateway.tools.loadgen.mix import (
     resolve_mix,
     trace_schedule,
 )
-from gateway.tools.loadgen.report import format_tables, summarize_run, write_json
-from gateway.tools.loadgen.run import run_closed_loop, run_open_loop
+from gateway.tools.loadgen.report import (
+    format_conversation_tables,
+    format_tables,
+    summarize_run,
+    write_json,
+)
+from gateway.tools.loadgen.run import run_closed_loop, run_conversations, run_open_loop
 
 DEFAULT_TARGET = "http://127.0.0.1:8080"
 
@@ -57,7 +68,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mix.add_argument(
         "--mix",
         metavar="FILE|NAME",
-        help=f"TOML file of [[class]] tables, or a named mix: {', '.join(NAMED_MIXES)}",
+        help=f"TOML file of [[class]] tables, or a named mix: {', '.join(NAMED_MIXES)}; "
+        f"or a multi-turn mix: {', '.join(NAMED_CONVERSATION_MIXES)} (its own pacing: "
+        "--rate, --duration and --concurrency do not apply)",
+    )
+    mix.add_argument(
+        "--conversations", type=int, help="multi-turn: conversations in the run (the mix's: 48)"
+    )
+    mix.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multi-turn: multiply think times and the conversations' start window (1)",
     )
     mix.add_argument(
         "--class",
@@ -146,6 +168,59 @@ def _params(args: argparse.Namespace, schedule: list[PlannedRequest], mode: str)
     return params
 
 
+def _conversation_plan(args: argparse.Namespace) -> ConversationPlan | None:
+    """The plan of `--mix multi-turn` (and the like); None for any other mix."""
+    mix = resolve_conversation_mix(args.mix) if args.mix else None
+    if mix is None:
+        if args.conversations is not None or args.time_scale != 1.0:
+            raise ValueError("--conversations and --time-scale need a multi-turn --mix")
+        return None
+    if args.classes or args.trace or args.concurrency is not None:
+        raise ValueError(f"--mix {args.mix} paces itself: drop --class, --trace, --concurrency")
+    if args.conversations is not None:
+        mix = dataclasses.replace(mix, conversations=args.conversations)
+    return plan_conversations(mix.scaled(args.time_scale), args.seed)
+
+
+async def _run_conversations(
+    args: argparse.Namespace, targets: list[str], plan: ConversationPlan
+) -> list[RunResult]:
+    runs = []
+    for target in targets:
+        print(f"loadgen: {plan.requests} requests ({plan.describe()}) -> {target}", file=sys.stderr)
+        runs.append(
+            await run_conversations(
+                target,
+                plan,
+                retry=RetryPolicy(args.retries + 1, args.backoff, args.max_backoff),
+                timeout_s=args.timeout,
+                model=args.model,
+                extra_body={"ignore_eos": True} if args.ignore_eos else None,
+                progress=not args.no_progress and sys.stderr.isatty(),
+            )
+        )
+    return runs
+
+
+def _main_conversations(
+    args: argparse.Namespace, targets: list[str], plan: ConversationPlan
+) -> int:
+    try:
+        runs = asyncio.run(_run_conversations(args, targets, plan))
+    except KeyboardInterrupt:
+        print("loadgen: interrupted", file=sys.stderr)
+        return 130
+    print(format_conversation_tables(runs), end="")
+    if args.json:
+        params: dict[str, Any] = {
+            k: v for k, v in vars(args).items() if isinstance(v, str | int | float | None)
+        }
+        params.pop("func", None)
+        params.update(mode=plan.describe(), requests_planned=plan.requests, plan=plan.to_json())
+        write_json(args.json, params, runs)
+    return 1 if any(not any(r.ok for r in run.results) for run in runs) else 0
+
+
 async def _run_all(
     args: argparse.Namespace, targets: list[str], schedule: list[PlannedRequest], mode: str
 ) -> list[RunResult]:
@@ -177,13 +252,17 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError("--retries must be >= 0 and --timeout > 0")
         if args.json and not Path(args.json).resolve().parent.is_dir():
             raise ValueError(f"--json {args.json}: no such directory")
-        schedule, mode = _schedule(args)
-        if not schedule:
-            raise ValueError("the schedule is empty: raise --rate, --duration or --requests")
-        params = _params(args, schedule, mode)
+        plan = _conversation_plan(args)
+        if plan is None:
+            schedule, mode = _schedule(args)
+            if not schedule:
+                raise ValueError("the schedule is empty: raise --rate, --duration or --requests")
+            params = _params(args, schedule, mode)
     except (ValueError, OSError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return 2
+    if plan is not None:
+        return _main_conversations(args, targets, plan)
     try:
         runs = asyncio.run(_run_all(args, targets, schedule, mode))
     except KeyboardInterrupt:

@@ -13,7 +13,7 @@ import asyncio
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -87,6 +87,14 @@ class RequestResult:
     attempts: int = 0
     #: Last attempt's send → its 4xx/5xx answer: how fast the server said no.
     reject_ms: float | None = None
+    #: A multi-turn conversation's id and 1-based turn (None for a request of its own).
+    conversation: str | None = None
+    turn: int | None = None
+    #: Prompt tokens the backend served from its prefix cache, from the usage's
+    #: `prompt_tokens_details.cached_tokens` (OpenAI, vLLM); None when it said nothing.
+    cached_tokens: int | None = None
+    #: The streamed content, kept only for conversation turns (the next turn resends it).
+    reply: str | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -135,6 +143,9 @@ class _Attempt:
     content_chunks: int = 0
     lane: str | None = None
     queue_ms: float | None = None
+    cached_tokens: int | None = None
+    #: The content chunks, collected when the reply is kept.
+    reply_parts: list[str] | None = None
 
 
 class Client:
@@ -162,22 +173,33 @@ class Client:
         self.start = self.loop.time()
         self.rng = random.Random()
 
-    def body(self, planned: PlannedRequest) -> bytes:
+    def body(self, planned: PlannedRequest, messages: list[dict[str, str]] | None = None) -> bytes:
+        """The chat body: the planned prompt as one user message, or a conversation's
+        `messages` (then OpenAI's `user` field names the conversation, as a chat app's
+        end-user id would)."""
+        if messages is None:
+            messages = [{"role": "user", "content": with_run_tag(planned.prompt, self.run_tag)}]
+        session = {"user": planned.conversation} if planned.conversation is not None else {}
         return json.dumps(
             {
                 "model": self.model,
-                "messages": [
-                    {"role": "user", "content": with_run_tag(planned.prompt, self.run_tag)}
-                ],
+                "messages": messages,
                 "max_tokens": planned.max_tokens,
                 "stream": True,
                 "stream_options": {"include_usage": True},
+                **session,
                 **self.extra_body,
             }
         ).encode()
 
-    async def send(self, planned: PlannedRequest) -> RequestResult:
-        """Send with retries; TTFT and e2e count from the first attempt's send."""
+    async def send(
+        self, planned: PlannedRequest, messages: list[dict[str, str]] | None = None
+    ) -> RequestResult:
+        """Send with retries; TTFT and e2e count from the first attempt's send.
+
+        With `messages` (a conversation's turn) the reply's text is kept in the result;
+        a turn's conversation id goes out as `x-session-id` and in the body's `user`.
+        """
         result = RequestResult(
             index=planned.index,
             cls=planned.cls,
@@ -185,8 +207,11 @@ class Client:
             max_tokens=planned.max_tokens,
             request_id=f"loadgen-{self.run_tag}-{planned.index}",
             scheduled_ms=planned.at_s * 1000.0,
+            conversation=planned.conversation,
+            turn=planned.turn,
         )
-        body = self.body(planned)
+        body = self.body(planned, messages)
+        keep_reply = messages is not None
         first_send = self.loop.time()
         result.sent_ms = (first_send - self.start) * 1000.0
         attempt = _Attempt()
@@ -196,7 +221,7 @@ class Client:
             if number > 1:
                 await asyncio.sleep(self.retry.delay_s(number - 1, attempt.retry_after_s, self.rng))
                 sent = self.loop.time()
-            attempt = await self._attempt(body, result.request_id)
+            attempt = await self._attempt(body, result.request_id, planned.conversation, keep_reply)
             result.attempts = number
             if attempt.retry_after_s is not None:
                 retry_after = attempt.retry_after_s
@@ -217,6 +242,9 @@ class Client:
         result.queue_ms = attempt.queue_ms
         result.completion_tokens = attempt.completion_tokens
         result.content_chunks = attempt.content_chunks
+        result.cached_tokens = attempt.cached_tokens
+        if attempt.reply_parts is not None:
+            result.reply = "".join(attempt.reply_parts)
         if attempt.end is not None:
             result.e2e_ms = (attempt.end - first_send) * ms
         if attempt.first_token is not None:
@@ -227,13 +255,17 @@ class Client:
         if attempt.status is not None and attempt.status >= 400 and attempt.end is not None:
             result.reject_ms = (attempt.end - last_send) * ms
 
-    async def _attempt(self, body: bytes, request_id: str) -> _Attempt:
-        out = _Attempt()
+    async def _attempt(
+        self, body: bytes, request_id: str, session_id: str | None = None, keep_reply: bool = False
+    ) -> _Attempt:
+        out = _Attempt(reply_parts=[] if keep_reply else None)
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
             "x-request-id": request_id,
         }
+        if session_id is not None:
+            headers["x-session-id"] = session_id
         try:
             async with self.session.post(
                 self.url, data=body, headers=headers, timeout=self.timeout
@@ -299,6 +331,8 @@ class Client:
         usage = event.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             out.completion_tokens = usage["completion_tokens"]
+        if isinstance(usage, dict):
+            out.cached_tokens = cached_tokens(usage)
         for choice in event.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
@@ -310,6 +344,15 @@ class Client:
                     out.first_token = now
                 out.last_token = now
                 out.content_chunks += 1
+                if out.reply_parts is not None and isinstance(text, str):
+                    out.reply_parts.append(text)
+
+
+def cached_tokens(usage: dict[str, Any]) -> int | None:
+    """`usage.prompt_tokens_details.cached_tokens` (OpenAI, vLLM), None when absent."""
+    details = usage.get("prompt_tokens_details")
+    value = details.get("cached_tokens") if isinstance(details, dict) else None
+    return value if type(value) is int and value >= 0 else None
 
 
 def _short(text: str) -> str:

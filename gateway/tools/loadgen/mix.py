@@ -95,6 +95,10 @@ class PlannedRequest:
     prompt_tokens: int
     max_tokens: int
     prompt: str
+    #: A multi-turn conversation's id (its session) and 1-based turn; None for one request
+    #: of its own. A turn's messages are built as it runs (see `conversations`).
+    conversation: str | None = None
+    turn: int | None = None
 
 
 # --------------------------------------------------------------------------- mixes

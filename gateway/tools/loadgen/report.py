@@ -32,6 +32,9 @@ def _summarize_group(results: Sequence[RequestResult], wall_s: float) -> dict[st
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     tokens = sum(r.tokens for r in ok)
+    reported = [r for r in ok if r.cached_tokens is not None]
+    cached = sum(r.cached_tokens or 0 for r in reported)
+    prompted = sum(r.prompt_tokens for r in reported)
     lags = [r.sent_ms - r.scheduled_ms for r in results if r.sent_ms is not None]
     return {
         "count": len(results),
@@ -46,6 +49,10 @@ def _summarize_group(results: Sequence[RequestResult], wall_s: float) -> dict[st
         "send_lag_ms": summarize(lags),
         "completion_tokens": tokens,
         "goodput_tok_s": tokens / wall_s if wall_s > 0 else None,
+        "ok_per_s": len(ok) / wall_s if wall_s > 0 else None,
+        #: Over the answers whose usage said (None when none did): the prefix cache's share.
+        "cached_tokens": cached if reported else None,
+        "cache_hit_ratio": cached / prompted if prompted else None,
         "retried": sum(r.attempts > 1 for r in results),
         "attempts": sum(r.attempts for r in results),
         "wall_s": wall_s,
@@ -63,6 +70,15 @@ def summarize_run(run: RunResult) -> dict[str, dict[str, Any]]:
     out = {name: _summarize_group(by_class[name], run.wall_s) for name in order}
     out[ALL] = _summarize_group(run.results, run.wall_s)
     return out
+
+
+def summarize_turns(run: RunResult) -> dict[str, dict[str, Any]]:
+    """Conversation turns by their index ("1", "2", ...); empty when the run had none."""
+    by_turn: dict[int, list[RequestResult]] = {}
+    for result in run.results:
+        if result.turn is not None:
+            by_turn.setdefault(result.turn, []).append(result)
+    return {str(turn): _summarize_group(by_turn[turn], run.wall_s) for turn in sorted(by_turn)}
 
 
 def _fmt(value: float | None) -> str:
@@ -136,8 +152,69 @@ def format_tables(summaries: list[tuple[str, dict[str, dict[str, Any]]]]) -> str
     return "\n\n".join(blocks) + "\n"
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _conversation_rows(rows: dict[str, dict[str, Any]], head: str) -> list[str]:
+    lines = [
+        f"{head:<10}{'n':>6}{'ok':>6}{'ttft mean':>11}{'p50':>8}{'p99':>8}"
+        f"{'e2e p99':>9}{'req/s':>8}{'tok/s':>8}{'cached':>8}"
+    ]
+    for name, s in rows.items():
+        ttft = s["ttft_ms"]
+        lines.append(
+            f"{name[:10]:<10}{s['count']:>6}{s['ok']:>6}{_fmt(ttft['mean']):>11}"
+            f"{_fmt(ttft['p50']):>8}{_fmt(ttft['p99']):>8}{_fmt(s['e2e_ms']['p99']):>9}"
+            f"{_fmt(s['ok_per_s']):>8}{_fmt(s['goodput_tok_s']):>8}{_pct(s['cache_hit_ratio']):>8}"
+        )
+    return lines
+
+
+def format_conversation_tables(runs: Sequence[RunResult]) -> str:
+    """Multi-turn runs: TTFT (ms) by kind of request and by turn, throughput, cache hits.
+
+    `cached` is the share of prompt tokens the backend said it served from its prefix
+    cache (`-` when it says nothing); errors follow as `status/code=count`.
+    """
+    blocks: list[str] = []
+    summaries = []
+    for number, run in enumerate(runs, start=1):
+        summary = summarize_run(run)
+        summaries.append(summary)
+        label = f"[{number}] {run.target}" if len(runs) > 1 else run.target
+        lines = [f"== {label}  (wall {run.wall_s:.1f} s)"]
+        lines += _conversation_rows(summary, "requests")
+        lines += _conversation_rows(summarize_turns(run), "turn")
+        errors = summary[ALL]["errors"]
+        lines.append(
+            "errors: " + (", ".join(f"{k}={n}" for k, n in errors.items()) if errors else "none")
+        )
+        blocks.append("\n".join(lines))
+    if len(runs) > 1:
+        tags = [f"[{i + 1}]" for i in range(len(runs))]
+        lines = ["== side by side " + " vs ".join(tags)]
+        metrics = (
+            ("ttft mean ms", lambda s: _fmt(s["ttft_ms"]["mean"])),
+            ("ttft p99 ms", lambda s: _fmt(s["ttft_ms"]["p99"])),
+            ("req/s", lambda s: _fmt(s["ok_per_s"])),
+            ("tok/s", lambda s: _fmt(s["goodput_tok_s"])),
+            ("cached", lambda s: _pct(s["cache_hit_ratio"])),
+        )
+        classes = list(dict.fromkeys(c for summary in summaries for c in summary))
+        for name in classes:
+            for label, pick in metrics:
+                cells = [pick(s[name]) if name in s else "-" for s in summaries]
+                lines.append(f"{name[:10]:<10}{label:<14}" + "".join(f"{c:>10}" for c in cells))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
 def result_to_json(result: RequestResult) -> dict[str, Any]:
-    return {**dataclasses.asdict(result), "ok": result.ok}
+    """The result's fields, without a conversation's reply text (as prompts are never kept)."""
+    out = {**dataclasses.asdict(result), "ok": result.ok}
+    out.pop("reply", None)
+    return out
 
 
 def runs_to_json(params: dict[str, Any], runs: Sequence[RunResult]) -> dict[str, Any]:
@@ -150,6 +227,7 @@ def runs_to_json(params: dict[str, Any], runs: Sequence[RunResult]) -> dict[str,
                 "wall_s": run.wall_s,
                 "run_tag": run.run_tag,
                 "summary": summarize_run(run),
+                **({"by_turn": turns} if (turns := summarize_turns(run)) else {}),
                 "results": [result_to_json(r) for r in run.results],
             }
             for run in runs

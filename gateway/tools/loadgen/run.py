@@ -17,10 +17,12 @@ import aiohttp
 from tqdm import tqdm
 
 from gateway.tools.loadgen.client import Client, RequestResult, RetryPolicy, RunResult
+from gateway.tools.loadgen.conversations import ConversationPlan, Dialogue, PlannedConversation
 from gateway.tools.loadgen.mix import PlannedRequest
 
-#: Sends one planned request and records its result.
-_Send = Callable[[PlannedRequest], Coroutine[Any, Any, None]]
+#: Sends one planned request (with a conversation's messages, when given) and records
+#: its result, which it also returns.
+_Send = Callable[..., Coroutine[Any, Any, RequestResult]]
 
 
 def _session() -> aiohttp.ClientSession:
@@ -45,7 +47,7 @@ def _progress_bar(total: int, target: str, enabled: bool) -> Any:
 
 async def _run(
     target: str,
-    schedule: Sequence[PlannedRequest],
+    total: int,
     drive: Callable[[Client, _Send], Awaitable[None]],
     *,
     retry: RetryPolicy,
@@ -66,17 +68,20 @@ async def _run(
             extra_body=extra_body,
             run_tag=run_tag,
         )
-        bar = _progress_bar(len(schedule), target, progress)
+        bar = _progress_bar(total, target, progress)
         failed = 0
 
-        async def one(planned: PlannedRequest) -> None:
+        async def one(
+            planned: PlannedRequest, messages: list[dict[str, str]] | None = None
+        ) -> RequestResult:
             nonlocal failed
-            result = await client.send(planned)
+            result = await client.send(planned, messages)
             results.append(result)
             failed += not result.ok
             bar.update(1)
             if failed:
                 bar.set_postfix(failed=failed, refresh=False)
+            return result
 
         try:
             await drive(client, one)
@@ -101,7 +106,7 @@ async def run_open_loop(
     ordered = sorted(schedule, key=lambda p: p.at_s)
 
     async def drive(client: Client, one: _Send) -> None:
-        tasks: list[asyncio.Task[None]] = []
+        tasks: list[asyncio.Task[RequestResult]] = []
         try:
             for planned in ordered:
                 delay = client.start + planned.at_s - client.loop.time()
@@ -115,7 +120,7 @@ async def run_open_loop(
 
     return await _run(
         target,
-        ordered,
+        len(ordered),
         drive,
         retry=retry or RetryPolicy(),
         timeout_s=timeout_s,
@@ -155,7 +160,74 @@ async def run_closed_loop(
 
     return await _run(
         target,
-        schedule,
+        len(schedule),
+        drive,
+        retry=retry or RetryPolicy(),
+        timeout_s=timeout_s,
+        model=model,
+        extra_body=extra_body,
+        progress=progress,
+    )
+
+
+async def _sleep_until(client: Client, offset_s: float) -> None:
+    delay = client.start + offset_s - client.loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _converse(client: Client, one: _Send, conversation: PlannedConversation) -> None:
+    """One conversation: each turn resends the history with the last reply in it.
+
+    The think time runs from the end of the previous answer, as a user reads before
+    typing; a turn that failed is withdrawn from the history (see `Dialogue.withdraw`).
+    """
+    dialogue = Dialogue(conversation, client.run_tag)
+    due = conversation.start_s
+    for turn in conversation.turns:
+        due += turn.think_s
+        await _sleep_until(client, due)
+        messages = dialogue.ask(turn)
+        result = await one(dialogue.request(turn, due), messages)
+        if result.ok and result.reply is not None:
+            dialogue.answer(result.reply)
+        else:
+            dialogue.withdraw(turn)
+        due = max(due, client.loop.time() - client.start)
+
+
+async def run_conversations(
+    target: str,
+    plan: ConversationPlan,
+    *,
+    retry: RetryPolicy | None = None,
+    timeout_s: float = 120.0,
+    model: str = "sim-model",
+    extra_body: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> RunResult:
+    """Every conversation on its own task from its start offset, one-offs at theirs.
+
+    Conversations are closed loops (a turn waits for the last answer) and the one-offs
+    an open loop, as a chat service's users and its batch callers would be.
+    """
+
+    async def drive(client: Client, one: _Send) -> None:
+        async def one_off(planned: PlannedRequest) -> None:
+            await _sleep_until(client, planned.at_s)
+            await one(planned)
+
+        tasks = [asyncio.create_task(_converse(client, one, c)) for c in plan.conversations]
+        tasks += [asyncio.create_task(one_off(p)) for p in plan.one_offs]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    return await _run(
+        target,
+        plan.requests,
         drive,
         retry=retry or RetryPolicy(),
         timeout_s=timeout_s,

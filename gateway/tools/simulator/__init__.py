@@ -16,11 +16,12 @@ tokens with tiktoken itself and shapes its own errors, so a bug in the
 gateway's counting or error shapes cannot agree with itself in the tests.
 
 The parts, one job each: `config` (the knobs), `engine` (steps, batch,
-prefill; no HTTP), `tokens` (its own prompt count), `errors` (OpenAI and TGI
-error shapes), `state` (what the routes share), `openai_api`, `tgi_request`
-and `tgi_api` (the two APIs, which never import each other), `server` (the app
-that wires both), `cli` (flags and the serving process). See docs/simulator.md
-for the model and its knobs.
+prefill; no HTTP), `prefix_cache` (the LRU of KV blocks by chained hash that
+lets a repeated prefix skip its prefill), `tokens` (its own prompt count and
+token ids), `errors` (OpenAI and TGI error shapes), `state` (what the routes
+share), `openai_api`, `tgi_request` and `tgi_api` (the two APIs, which never
+import each other), `server` (the app that wires both), `cli` (flags and the
+serving process). See docs/simulator.md for the model and its knobs.
 """
 
 from gateway.tools.simulator.cli import add_arguments, config_from_args, main

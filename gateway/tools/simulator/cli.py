@@ -28,6 +28,11 @@ _CONFIG_HELP = {
     "model": "model name served by /v1/models",
     "token_ratio": "the simulator's prompt token count is tiktoken's times this, as for a "
     "backend whose tokenizer counts differently from the gateway's",
+    "prefix_cache": "automatic prefix caching: cached leading prompt blocks skip prefill and "
+    "are reported as usage.prompt_tokens_details.cached_tokens; --no-prefix-cache turns it off",
+    "block_tokens": "tokens per KV block of the prefix cache (vLLM's --block-size)",
+    "prefix_cache_blocks": "KV blocks the prefix cache holds (LRU; blocks of running sequences "
+    "are pinned)",
 }
 
 
@@ -41,6 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
     for f in dataclasses.fields(SimulatorConfig):
         default = f.default
+        if isinstance(default, bool):  # --prefix-cache / --no-prefix-cache
+            parser.add_argument(
+                _flag(f.name),
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{_CONFIG_HELP.get(f.name, f.name)} ({'on' if default else 'off'})",
+            )
+            continue
         parser.add_argument(
             _flag(f.name),
             dest=f.name,

@@ -9,7 +9,17 @@ each other.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from gateway.tools.simulator.prefix_cache import DEFAULT_BLOCK_TOKENS, PromptBlocks, prompt_blocks
+
+#: The prefix cache's default size: 16384 blocks of 16 tokens = 262,144 tokens, the KV the
+#: default batch could hold at full context (8 x 32,768, what `vllm:gpu_cache_usage_perc`
+#: is measured against). That is room for ~130 cached 2000-token conversations, 16 times
+#: `max_batch` of them, the order of a GPU server's pool (vLLM gives a Llama-3-8B ~450k
+#: tokens on an 80 GB card); a benchmark with fewer conversations than that never evicts.
+DEFAULT_PREFIX_CACHE_BLOCKS = 16_384
 
 
 @dataclass(slots=True)
@@ -37,9 +47,23 @@ class SimulatorConfig:
     #: The simulator's own prompt count is tiktoken's times this: a backend whose tokenizer
     #: counts the same text differently from the gateway's (usage, context check, prefill).
     token_ratio: float = 1.0
+    #: Automatic prefix caching (vLLM V1's and llama.cpp's default): a prompt whose leading
+    #: blocks are cached skips their prefill and reports them as `cached_tokens`.
+    prefix_cache: bool = True
+    #: Tokens per KV block (vLLM's `--block-size`); only full blocks are cached.
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    #: KV blocks the prefix cache holds, pinned (running) and evictable (LRU) together.
+    prefix_cache_blocks: int = DEFAULT_PREFIX_CACHE_BLOCKS
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "prefill_tokens_per_step", "default_max_tokens", "max_model_len"):
+        for name in (
+            "max_batch",
+            "prefill_tokens_per_step",
+            "default_max_tokens",
+            "max_model_len",
+            "block_tokens",
+            "prefix_cache_blocks",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("step_base_ms", "prefill_ms_per_token", "decode_ms_per_seq"):
@@ -67,6 +91,31 @@ class SimulatorConfig:
         if counted <= 0 or self.token_ratio == 1.0:
             return counted
         return max(1, math.floor(counted * self.token_ratio + 0.5))
+
+    def backend_token_ids(self, token_ids: Sequence[int]) -> list[int]:
+        """The prompt's ids in this backend's own tokens: `backend_tokens(len(ids))` of them.
+
+        Position i takes tiktoken's id at i / token_ratio, a mapping that depends on the
+        position alone, so a shared prefix of two prompts stays a shared prefix.
+        """
+        if self.token_ratio == 1.0:
+            return list(token_ids)
+        ratio = self.token_ratio
+        return [token_ids[int(i / ratio)] for i in range(self.backend_tokens(len(token_ids)))]
+
+    def backend_prompt(
+        self, token_ids: Sequence[int], keep_last: int | None = None
+    ) -> PromptBlocks:
+        """A prompt's length in backend tokens and, with the prefix cache on, its blocks.
+
+        `keep_last`: TGI's `truncate`, which keeps the prompt's last tokens.
+        """
+        ids = self.backend_token_ids(token_ids)
+        if keep_last is not None and 0 < keep_last < len(ids):
+            ids = ids[-keep_last:]
+        if not self.prefix_cache:
+            return PromptBlocks(tokens=len(ids))
+        return prompt_blocks(ids, self.block_tokens)
 
     def step_ms(self, prefilled_tokens: int, decoding_seqs: int) -> float:
         """How long a step with this much work takes."""

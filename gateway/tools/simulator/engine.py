@@ -8,6 +8,13 @@ while a long one is prefilling gets prefill budget only once the long one is
 through. This module reproduces exactly that and nothing cleverer, so a gateway
 tested against it meets the effect it exists to soften.
 
+With the prefix cache on (as vLLM V1 and llama.cpp run by default), a sequence
+admitted to the batch first looks up its prompt's leading blocks: those cached
+are not prefilled again, so only the uncached tokens cost prefill time. The
+blocks it fills are cached as they fill, pinned while it runs; when it ends,
+the blocks of its reply are cached too (as the next turn's prompt will hold
+them), and all of them stay until the LRU evicts them.
+
 It knows nothing about HTTP: a caller `submit()`s a sequence, reads its tokens
 from `Sequence.next_event()`, and `abort()`s it when the client goes away.
 """
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway.tools.simulator.config import SimulatorConfig
+from gateway.tools.simulator.prefix_cache import ROOT_HASH, PrefixCache, PromptBlocks, block_hashes
 
 #: Words the fake model "generates"; one event per word, each followed by a space.
 VOCABULARY = (
@@ -65,6 +73,15 @@ class Sequence:
     admitted: float | None = None
     first_token: float | None = None
     end: float | None = None
+    #: The prompt's blocks; None: not looked up in or added to the prefix cache.
+    blocks: PromptBlocks | None = None
+    #: Prompt tokens found in the prefix cache at admission, not prefilled.
+    cached_tokens: int = 0
+    #: The cached blocks this sequence pins, in prompt order.
+    held: list[bytes] = field(default_factory=list)
+    #: False once a block could not be cached: the blocks after it would be unreachable.
+    caching: bool = True
+    reply: list[str] = field(default_factory=list)
     _events: asyncio.Queue[TokenEvent | None] = field(default_factory=asyncio.Queue)
 
     @property
@@ -87,9 +104,25 @@ class Sequence:
 class Engine:
     """Runs the step loop as one asyncio task that sleeps on an event while idle."""
 
-    def __init__(self, config: SimulatorConfig, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        config: SimulatorConfig,
+        clock: Callable[[], float] | None = None,
+        reply_token_ids: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        """`reply_token_ids`: a reply's text as the next turn's prompt will encode it; without
+        it only prompt blocks are cached."""
         self.config = config
         self._clock = clock
+        self._reply_token_ids = reply_token_ids
+        self.prefix_cache: PrefixCache | None = (
+            PrefixCache(config.prefix_cache_blocks, config.block_tokens)
+            if config.prefix_cache
+            else None
+        )
+        #: vLLM's prefix cache counters, in tokens: prompt tokens looked up, and found.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
         self.completed = 0
@@ -129,8 +162,13 @@ class Engine:
         self.running.clear()
         self.waiting.clear()
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> Sequence:
-        """Queue a sequence FIFO behind everything already waiting."""
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, blocks: PromptBlocks | None = None
+    ) -> Sequence:
+        """Queue a sequence FIFO behind everything already waiting.
+
+        `blocks`: the prompt's hashed blocks, for the prefix cache (None: bypass it).
+        """
         if self._stopped:
             raise EngineStopped("the simulator engine is stopped")
         seq_id = self.submitted
@@ -141,6 +179,7 @@ class Engine:
             max_tokens=max(1, max_tokens),
             arrival=self.now(),
             rng=random.Random(f"{self.config.seed}-{seq_id}"),
+            blocks=blocks,
         )
         self.waiting.append(seq)
         self._wakeup.set()
@@ -157,6 +196,7 @@ class Engine:
         self._finish(seq, "aborted")
 
     def stats(self) -> dict[str, Any]:
+        cache = self.prefix_cache
         return {
             "running": len(self.running),
             "waiting": len(self.waiting),
@@ -167,6 +207,11 @@ class Engine:
             "prefilled_tokens": self.prefilled_tokens,
             "generated_tokens": self.generated_tokens,
             "busy_s": round(self.busy_s, 6),
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "prefix_cache_blocks": len(cache) if cache is not None else 0,
+            "prefix_cache_pinned_blocks": cache.pinned_blocks if cache is not None else 0,
+            "prefix_cache_evictions": cache.evictions if cache is not None else 0,
         }
 
     def kv_cache_usage(self) -> float:
@@ -221,6 +266,7 @@ class Engine:
         for seq, take in prefills:
             if seq.state == "running":
                 seq.prefilled += take
+                self._cache_filled_blocks(seq)
                 if seq.prefilled >= seq.prefill_target:
                     self._emit(seq, now)  # the step that ends the prompt samples its first token
         for seq in decodes:
@@ -232,7 +278,59 @@ class Engine:
             seq = self.waiting.popleft()
             seq.state = "running"
             seq.admitted = self.now()
+            self._look_up_prefix(seq)
             self.running.append(seq)
+
+    def _look_up_prefix(self, seq: Sequence) -> None:
+        """Pin the prompt's cached leading blocks and skip their prefill, as vLLM schedules.
+
+        The prompt's last token is always computed (its logits give the first token), so a
+        prompt cached whole hits all but its last block, as in vLLM.
+        """
+        cache = self.prefix_cache
+        if cache is None or seq.blocks is None:
+            return
+        usable = seq.blocks.hashes[: (seq.prefill_target - 1) // cache.block_tokens]
+        hits = cache.acquire(usable)
+        seq.held = list(usable[:hits])
+        seq.cached_tokens = hits * cache.block_tokens
+        seq.prefilled = seq.cached_tokens
+        self.prefix_cache_queries += seq.prompt_tokens
+        self.prefix_cache_hits += seq.cached_tokens
+
+    def _cache_filled_blocks(self, seq: Sequence) -> None:
+        """Cache the prompt blocks the last step filled, pinned by the sequence."""
+        cache = self.prefix_cache
+        if cache is None or seq.blocks is None:
+            return
+        filled = min(seq.prefilled // cache.block_tokens, len(seq.blocks.hashes))
+        while seq.caching and len(seq.held) < filled:
+            self._hold(cache, seq, seq.blocks.hashes[len(seq.held)])
+
+    def _cache_reply_blocks(self, seq: Sequence) -> None:
+        """Cache the full blocks of prompt + reply, as the next turn's prompt will hold them.
+
+        The reply is taken as the text the client sends back, encoded as the next prompt
+        encodes it (the simulator's words are not one token each).
+        """
+        cache = self.prefix_cache
+        blocks = seq.blocks
+        if cache is None or blocks is None or self._reply_token_ids is None:
+            return
+        if not seq.caching or len(seq.held) < len(blocks.hashes):
+            return
+        ids = [*blocks.tail, *self._reply_token_ids("".join(seq.reply))]
+        parent = blocks.hashes[-1] if blocks.hashes else ROOT_HASH
+        for block in block_hashes(ids, cache.block_tokens, parent):
+            if not self._hold(cache, seq, block):
+                return
+
+    def _hold(self, cache: PrefixCache, seq: Sequence, block: bytes) -> bool:
+        if cache.insert(block):
+            seq.held.append(block)
+            return True
+        seq.caching = False
+        return False
 
     def _emit(self, seq: Sequence, now: float) -> None:
         seq.generated += 1
@@ -240,8 +338,10 @@ class Engine:
         if seq.first_token is None:
             seq.first_token = now
         text = seq.rng.choice(VOCABULARY) + " "
+        seq.reply.append(text)
         if seq.generated >= seq.max_tokens:
             self.running.remove(seq)
+            self._cache_reply_blocks(seq)
             self._finish(seq, "completed", now)
             seq._events.put_nowait(TokenEvent(text, "length"))
         else:
@@ -250,6 +350,9 @@ class Engine:
     def _finish(self, seq: Sequence, state: SequenceState, now: float | None = None) -> None:
         seq.state = state
         seq.end = self.now() if now is None else now
+        if self.prefix_cache is not None and seq.held:
+            self.prefix_cache.release(seq.held)  # cached still, now evictable
+            seq.held = []
         if state == "completed":
             self.completed += 1
         else:

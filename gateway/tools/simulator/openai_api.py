@@ -7,6 +7,12 @@ winning over `max_tokens`, and a 400 in the OpenAI envelope when prompt +
 max_tokens exceed the context window. A streamed answer sends its headers at
 once and its first data event only with the first token, as vLLM does, so
 time-to-first-token measured through the gateway is the engine's.
+
+The usage carries `prompt_tokens_details.cached_tokens`, the prompt tokens the
+engine's prefix cache served, always (0 on a miss, 0 with the cache off), as
+OpenAI and llama.cpp's server do; vLLM adds it only under
+`--enable-prompt-tokens-details` and only when non-zero, so a gateway must read
+its absence as "not reported".
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from aiohttp import web
 
 from gateway.tools.simulator.engine import EngineStopped, Sequence, TokenEvent
 from gateway.tools.simulator.errors import SimulatorError, invalid_request
+from gateway.tools.simulator.prefix_cache import PromptBlocks
 from gateway.tools.simulator.state import CONFIG_KEY, STATE_KEY, Route, SimulatorState
 from gateway.tools.simulator.tokens import chat_prompt_parts, completion_prompt_parts
 
@@ -39,6 +46,7 @@ class _Params:
     include_usage: bool
     max_tokens: int
     prompt_tokens: int
+    blocks: PromptBlocks
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -88,7 +96,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
 
     response: web.StreamResponse
     try:
-        seq = engine.submit(params.prompt_tokens, params.max_tokens)
+        seq = engine.submit(params.prompt_tokens, params.max_tokens, params.blocks)
     except EngineStopped:
         response = _error_response(_STOPPING)
         info.status = response.status
@@ -162,8 +170,10 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
         if "prompt" not in body:
             raise invalid_request("'prompt' is required", "prompt")
         parts = completion_prompt_parts(body["prompt"])
-    # The count a backend with its own tokenizer would make (token_ratio), not tiktoken's.
-    prompt_tokens = state.config.backend_tokens(await state.counter.count_async(parts))
+    # The ids a backend with its own tokenizer would see (token_ratio), not tiktoken's, and
+    # their blocks for the prefix cache.
+    blocks = await state.counter.encode_async(parts, state.config.backend_prompt)
+    prompt_tokens = blocks.tokens
 
     limit = state.config.max_model_len
     if prompt_tokens + max_tokens > limit:
@@ -175,7 +185,7 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
             "in the completion). Please reduce the length of the prompt or completion.",
             param="max_tokens",
         )
-    return _Params(model, stream, include_usage, max_tokens, prompt_tokens)
+    return _Params(model, stream, include_usage, max_tokens, prompt_tokens, blocks)
 
 
 _STOPPING = SimulatorError(503, "engine_stopped", "the simulator is stopping")
@@ -185,11 +195,12 @@ def _error_response(exc: SimulatorError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
-def _usage(params: _Params, seq: Sequence) -> dict[str, int]:
+def _usage(params: _Params, seq: Sequence) -> dict[str, Any]:
     return {
         "prompt_tokens": params.prompt_tokens,
         "completion_tokens": seq.generated,
         "total_tokens": params.prompt_tokens + seq.generated,
+        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
     }
 
 

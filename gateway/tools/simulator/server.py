@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gateway.tools.simulator import openai_api, tgi_api
 from gateway.tools.simulator.config import SimulatorConfig
@@ -50,7 +50,9 @@ def build_simulator_app(config: SimulatorConfig) -> web.Application:
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG_KEY]
     counter = PromptCounter(load_encoding(ENCODING_NAME))
-    engine = Engine(config)
+    encode = counter.encoding.encode_ordinary
+    # A reply's blocks are cached as the next turn's prompt encodes the reply's text.
+    engine = Engine(config, reply_token_ids=lambda text: config.backend_token_ids(encode(text)))
     engine.start()
     app[STATE_KEY] = SimulatorState(config=config, engine=engine, counter=counter)
     try:
@@ -109,6 +111,14 @@ class _EngineGauges:
 
     running: sequences in the batch (prefilling or decoding); waiting: sequences queued
     FIFO for a batch place. vLLM labels its series by model name; llama.cpp has none.
+
+    The prefix cache, as each engine tells it: vLLM V1's `vllm:prefix_cache_queries` and
+    `vllm:prefix_cache_hits` counters (prompt tokens looked up, and found; exposed with
+    `_total`, as prometheus_client exposes vLLM's Counters) and its `vllm:cache_config_info`
+    (block size, blocks, whether caching is on); llama.cpp's `llamacpp:prompt_tokens_total`
+    (prompt tokens computed, cached ones excluded) and `llamacpp:prompt_tokens_cached_total`.
+    Neither engine has a gauge of cached blocks: `sim:prefix_cache_blocks` (and its pinned
+    share) is the simulator's own.
     """
 
     def __init__(self, state: SimulatorState) -> None:
@@ -129,12 +139,57 @@ class _EngineGauges:
             family = GaugeMetricFamily(name, doc, labels=["model_name"])
             family.add_metric([model], value)
             yield family
+        yield from self._prefix_cache(model)
         yield GaugeMetricFamily(
             "llamacpp:requests_processing", "Number of requests processing.", value=running
         )
         yield GaugeMetricFamily(
             "llamacpp:requests_deferred", "Number of requests deferred.", value=waiting
         )
+        yield CounterMetricFamily(
+            "llamacpp:prompt_tokens",
+            "Number of prompt tokens processed, excluding cached tokens",
+            value=engine.prefilled_tokens,
+        )
+        yield CounterMetricFamily(
+            "llamacpp:prompt_tokens_cached",
+            "Number of prompt tokens reused from the cache",
+            value=engine.prefix_cache_hits,
+        )
+
+    def _prefix_cache(self, model: str) -> Iterator[Metric]:
+        engine, config = self.state.engine, self.state.config
+        for name, doc, value in (
+            ("vllm:prefix_cache_queries",
+             "Prefix cache queries, in terms of number of queried tokens.",
+             engine.prefix_cache_queries),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+             engine.prefix_cache_hits),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(name, doc, labels=["model_name"])
+            counter.add_metric([model], value)
+            yield counter
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        info.add_metric(
+            [str(config.block_tokens), str(config.prefix_cache_blocks), str(config.prefix_cache)],
+            1.0,
+        )
+        yield info
+        cache = engine.prefix_cache
+        for name, doc, value in (
+            ("sim:prefix_cache_blocks", "KV blocks in the prefix cache, pinned or evictable.",
+             len(cache) if cache is not None else 0),
+            ("sim:prefix_cache_pinned_blocks",
+             "Prefix cache blocks pinned by running sequences (not evictable).",
+             cache.pinned_blocks if cache is not None else 0),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(name, doc, labels=["model_name"])
+            gauge.add_metric([model], value)
+            yield gauge
 
 
 async def _metrics(request: web.Request) -> web.Response:

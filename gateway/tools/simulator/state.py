@@ -54,6 +54,8 @@ class RequestInfo:
             "max_tokens": self.max_tokens,
             "include_usage": self.include_usage,
             "prompt_tokens": self.prompt_tokens,
+            # Known once the engine admitted the sequence and looked its prompt up.
+            "cached_tokens": seq.cached_tokens if seq and admitted is not None else None,
             "completion_tokens": seq.generated if seq else None,
             "outcome": outcome,
             "status": self.status,

@@ -10,6 +10,10 @@ answers a one-element list when not streaming, `/info` describes the server.
 Validation errors are `{"error": ..., "error_type": "validation"}` with a 422,
 or an in-band SSE event with a 200 on the streaming routes; a body that does not
 deserialize gets axum's plain-text rejection (see `tgi_request`).
+
+TGI 3 caches prefixes too (its router's radix allocator), and so do these routes,
+through the shared engine; like TGI, they report nothing of it: its responses,
+headers and usage have no cached-token field.
 """
 
 from __future__ import annotations
@@ -158,7 +162,7 @@ async def _handle(request: web.Request, route: Route) -> web.StreamResponse:
     info.prompt_tokens = params.prompt_tokens
 
     try:
-        seq = engine.submit(params.prompt_tokens, params.max_new_tokens)
+        seq = engine.submit(params.prompt_tokens, params.max_new_tokens, params.blocks)
     except EngineStopped:
         response = await _error_response(request, _TGI_STOPPING, stream)
         info.status = response.status

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.errors import TgiRejection, tgi_validation
+from gateway.tools.simulator.prefix_cache import PromptBlocks
 from gateway.tools.simulator.tokens import PromptCounter, completion_prompt_parts
 
 TGI_PIPELINE_TAG = "text-generation"
@@ -43,6 +44,8 @@ class TgiParams:
     max_new_tokens: int = 0
     prompt_tokens: int = 0
     truncate: int | None = None
+    #: The prompt (after `truncate`) as the engine's prefix cache sees it.
+    blocks: PromptBlocks | None = None
 
 
 # serde's names for the types GenerateParameters declares, and the fields of each kind.
@@ -224,11 +227,13 @@ async def settle_size(
         raise tgi_validation(
             f"`truncate` must be strictly positive and less than {max_input}. Given: {truncate}"
         )
-    input_length = config.backend_tokens(
-        await counter.count_async(completion_prompt_parts(params.inputs))
+    # TGI truncates to the prompt's last `truncate` tokens: that is what it prefills and
+    # what its prefix cache (TGI 3's radix allocator) matches.
+    blocks = await counter.encode_async(
+        completion_prompt_parts(params.inputs),
+        lambda ids: config.backend_prompt(ids, keep_last=truncate),
     )
-    if truncate is not None:
-        input_length = min(input_length, truncate)
+    input_length = blocks.tokens
     requested = parameters.get("max_new_tokens")
     if requested is None:
         # TGI's server-side default fills the rest of the window; with no EOS here that
@@ -248,3 +253,4 @@ async def settle_size(
     params.prompt_tokens = input_length
     params.max_new_tokens = max_new_tokens
     params.truncate = truncate
+    params.blocks = blocks

@@ -33,6 +33,27 @@ def test_cli_flags_cover_every_knob():
         config_from_args(parser.parse_args(["--max-batch", "0"]))
 
 
+def test_prefix_cache_flags():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = config_from_args(parser.parse_args([]))
+    assert (default.prefix_cache, default.block_tokens, default.prefix_cache_blocks) == (
+        True,
+        16,
+        16384,
+    )
+    args = ["--no-prefix-cache", "--block-tokens", "32", "--prefix-cache-blocks", "100"]
+    config = config_from_args(parser.parse_args(args))
+    assert (config.prefix_cache, config.block_tokens, config.prefix_cache_blocks) == (
+        False,
+        32,
+        100,
+    )
+    assert config_from_args(parser.parse_args(["--prefix-cache"])).prefix_cache is True
+    with pytest.raises(ValueError):
+        config_from_args(parser.parse_args(["--block-tokens", "0"]))
+
+
 async def test_cli_main_serves_until_sigterm(session: aiohttp.ClientSession):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = await asyncio.create_subprocess_exec(

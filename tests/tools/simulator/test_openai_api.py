@@ -83,7 +83,12 @@ async def test_completions_stream_shape(start_sim: StartSim, session: aiohttp.Cl
         assert chunk["choices"][0]["text"].endswith(" ")
     assert tokens[-1]["choices"][0]["finish_reason"] == "length"
     assert usage_chunk["object"] == "text_completion"
-    assert usage_chunk["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8}
+    assert usage_chunk["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 4,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},  # under one block: never cached
+    }
 
 
 async def test_non_stream_usage_matches_the_gateway_tokenizer(
@@ -109,6 +114,7 @@ async def test_non_stream_usage_matches_the_gateway_tokenizer(
         "prompt_tokens": expected_prompt,
         "completion_tokens": 7,
         "total_tokens": expected_prompt + 7,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
     # max_completion_tokens is honoured like max_tokens (and wins over it, as in vLLM).
@@ -117,7 +123,12 @@ async def test_non_stream_usage_matches_the_gateway_tokenizer(
         data = await resp.json()
     assert data["object"] == "text_completion"
     assert data["choices"][0]["finish_reason"] == "length"
-    assert data["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    assert data["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 @pytest.mark.parametrize(
