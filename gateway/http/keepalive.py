@@ -17,7 +17,6 @@ error event in that 200 stream: `settle` turns an answer into one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -86,8 +85,9 @@ class EarlyStream:
             return
         if self._sleeping or not self.response.prepared:
             task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # wait(), not `await task`: the task's own end (cancelled) is no error here, and a
+        # cancellation of the handler itself (the client left) must still reach it.
+        await asyncio.wait((task,))
 
     def cancel(self) -> None:
         """Stop at once, without waiting (the request is over, or was cancelled)."""
