@@ -40,6 +40,12 @@ backend from that log's `backend` field.
     python scripts/bench_cache.py --quick         # 1 rep, 20 conversations, ~3 min
     python scripts/bench_cache.py --quick --configs least-load --mixes multi-turn
     python scripts/bench_cache.py --json results/bench_cache.json
+    python scripts/bench_cache.py --real 2        # two llama.cpp servers instead (not CI)
+
+`--real N` puts N llama.cpp servers (`scripts/real_backend.sh`, Gemma 3 270M, one
+CPU thread and `REAL_SLOTS` slots each, its per-slot prompt cache) in place of the
+simulators, with the mix scaled to a CPU engine (`REAL_MIX`): a few conversations
+with short system prompts and replies. The gateway learns their slots from `/props`.
 """
 
 from __future__ import annotations
@@ -48,13 +54,15 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, Process, start_gateway, start_simulator
+from benchlib import ROOT, Process, free_port, start_gateway, start_simulator, wait_ready
 
 sys.path.insert(0, str(ROOT))
 
@@ -74,6 +82,8 @@ LEAST_LOAD, CACHE_AWARE = "least-load", "cache-aware"
 CONFIGS = (LEAST_LOAD, CACHE_AWARE)
 MIXES = ("multi-turn", "multi-turn-hot")
 BACKENDS = 4
+#: `--real`: llama.cpp servers instead of simulators.
+REAL = False
 
 #: The simulators' knobs. prefill_ms_per_token 0.4 with the default 512-token chunks:
 #: a 2000-token prompt is 4 steps of 5 + 205 ms, ~0.85 s, and a fifth turn's ~3500-token
@@ -85,6 +95,20 @@ BACKENDS = 4
 #: saves, and not a queue for slots held by decoding, which no cache shortens (with
 #: max_batch 4 that queue dominates both configs alike: `--max-batch 4` to see it).
 SIM_KNOBS: dict[str, float] = {"max_batch": 8, "prefill_ms_per_token": 0.4}
+
+#: `--real`: slots per llama.cpp server, and the mix a 1-thread CPU engine (~250 prompt
+#: tokens/s, ~15 tokens/s decode) serves in minutes: one conversation per slot, so its
+#: per-slot cache can hold each history if the turns come back to it.
+REAL_SLOTS = 2
+REAL_MIX: dict[str, Any] = {
+    "tenants": 2,
+    "system_tokens": (300, 600),
+    "user_tokens": (50, 150),
+    "turns": (3, 5),
+    "max_tokens": (12, 24),
+    "one_off_tokens": (200, 600),
+    "one_off_max_tokens": (12, 24),
+}
 
 
 @dataclasses.dataclass
@@ -107,7 +131,7 @@ def gateway_toml(backends: list[Process], config: str, routing: list[str]) -> st
     `routing`: extra `key = value` lines for the cache-aware config's [routing] table
     (`--routing cache_load_margin=4`), to see how a knob moves the figures.
     """
-    lines = []
+    lines: list[str] = []
     if config == LEAST_LOAD:
         lines += ["[routing]", "prefix_affinity = false", "session_affinity = false", ""]
     elif routing:
@@ -117,10 +141,30 @@ def gateway_toml(backends: list[Process], config: str, routing: list[str]) -> st
             "[[backends]]",
             f'url = "{backend.url}"',
             f'name = "{backend.name}"',
-            f"max_concurrency = {int(SIM_KNOBS['max_batch'])}",
+            *([] if REAL else [f"max_concurrency = {int(SIM_KNOBS['max_batch'])}"]),
             "",
         ]
     return "\n".join(lines)
+
+
+async def start_llama_server(number: int) -> Process:
+    """One llama.cpp server (`scripts/real_backend.sh`) on a free port, ready."""
+    port = free_port()
+    log = (ROOT / "results" / f"real_backend_{number}.log").open("w")
+    popen = subprocess.Popen(
+        [str(ROOT / "scripts" / "real_backend.sh")],
+        cwd=ROOT,
+        env={**os.environ, "PORT": str(port), "PARALLEL": str(REAL_SLOTS), "CTX": "16384"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    process = Process(f"llama{number}", f"http://127.0.0.1:{port}", popen)
+    try:
+        await wait_ready(process.url, "/health", timeout_s=120, check=process.check_alive)
+    except BaseException:
+        process.stop()
+        raise
+    return process
 
 
 def simulator_flags(seed: int) -> list[str]:
@@ -135,6 +179,8 @@ async def run_once(
 ) -> Run:
     """Fresh simulators and gateway (cold caches), the plan, then everything stopped."""
     mix = NAMED_CONVERSATION_MIXES[mix_name]
+    if REAL:
+        mix = dataclasses.replace(mix, **REAL_MIX)
     if args.conversations:
         # The same arrival rate of conversations, so the same load, only for less long.
         window = mix.start_window_s * args.conversations / mix.conversations
@@ -143,7 +189,12 @@ async def run_once(
     processes: list[Process] = []
     try:
         for number in range(BACKENDS):
-            processes.append(await start_simulator(simulator_flags(number), name=f"sim{number}"))
+            if REAL:
+                processes.append(await start_llama_server(number))
+            else:
+                processes.append(
+                    await start_simulator(simulator_flags(number), name=f"sim{number}")
+                )
         stem = f"{mix_name}-{config}-{rep}"
         gateway = await start_gateway(
             config,
@@ -405,7 +456,18 @@ async def main() -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="client timeout per request")
     parser.add_argument("--out", default="results/bench_cache", help="folder for configs and logs")
     parser.add_argument("--json", metavar="FILE", help="write the figures and checks here")
+    parser.add_argument(
+        "--real",
+        type=int,
+        metavar="N",
+        help="N llama.cpp servers (scripts/real_backend.sh) instead of the simulators",
+    )
     args = parser.parse_args()
+    global BACKENDS, REAL
+    if args.real:
+        BACKENDS, REAL = args.real, True
+        if args.conversations is None:
+            args.conversations = args.real * REAL_SLOTS
     if args.reps is None:
         args.reps = 1 if args.quick else 2
     if args.conversations is None and args.quick:
@@ -416,9 +478,14 @@ async def main() -> int:
     out_dir = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    servers = (
+        f"{BACKENDS} llama.cpp servers ({REAL_SLOTS} slots, 1 thread each)"
+        if REAL
+        else f"{BACKENDS} simulators ({', '.join(f'{k}={v}' for k, v in SIM_KNOBS.items())}, "
+        "prefix cache on)"
+    )
     print(
-        f"{BACKENDS} simulators ({', '.join(f'{k}={v}' for k, v in SIM_KNOBS.items())}, prefix "
-        f"cache on), one gateway; {args.reps} rep(s) ({args.hot_reps} on multi-turn-hot) x "
+        f"{servers}, one gateway; {args.reps} rep(s) ({args.hot_reps} on multi-turn-hot) x "
         f"{args.mixes} x {args.configs}, "
         f"time scale {args.time_scale:g}",
         flush=True,
