@@ -164,6 +164,11 @@ class BackendSizer:
                 known.load = None
             return
         known.silent_scrapes = 0
+        if load.kv_capacity_tokens:
+            # Remember no more prefixes than its KV cache can hold.
+            backend.prefixes.capacity_tokens = min(
+                self.settings.routing.prefix_memory_tokens, load.kv_capacity_tokens
+            )
         was_queued = backend.engine_limit is not None
         queued = load.waiting is not None and load.waiting >= 1
         known.queued_scrapes = known.queued_scrapes + 1 if queued else 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,8 @@ class EngineLoad:
     waiting: float | None
     running: float | None
     kv_usage: float | None
+    #: Tokens its KV cache holds (vLLM's `cache_config_info`: block_size x num_gpu_blocks).
+    kv_capacity_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +161,13 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
     if not isinstance(text, str):
         return None
     samples: dict[str, list[float]] = {}
+    capacity: int | None = None
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if sample.name == CACHE_CONFIG_INFO:
+                    capacity = _kv_capacity(sample.labels)
+                    continue
                 if sample.name not in _KNOWN_NAMES:
                     continue
                 value = float(sample.value)
@@ -174,8 +180,27 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
         running = _first(samples, spec.running, sum)
         kv_usage = _first(samples, spec.kv_usage, max)
         if waiting is not None or running is not None or kv_usage is not None:
-            return EngineLoad(spec.engine, waiting=waiting, running=running, kv_usage=kv_usage)
+            return EngineLoad(
+                spec.engine,
+                waiting=waiting,
+                running=running,
+                kv_usage=kv_usage,
+                kv_capacity_tokens=capacity,
+            )
     return None
+
+
+#: vLLM's cache config as labels of a constant gauge (block size, blocks on the GPU).
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+
+def _kv_capacity(labels: Mapping[str, str]) -> int | None:
+    """Tokens a vLLM KV cache holds, from `cache_config_info`'s labels; None if unknown."""
+    try:
+        tokens = int(labels["block_size"]) * int(labels["num_gpu_blocks"])
+    except (KeyError, ValueError):  # num_gpu_blocks is "None" before the profiling run
+        return None
+    return tokens if tokens > 0 else None
 
 
 def _first(

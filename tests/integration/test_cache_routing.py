@@ -177,3 +177,21 @@ async def test_the_metrics_count_decisions_and_cached_tokens(
         if line.startswith("gateway_backend_cached_tokens_total{")
     ]
     assert sum(cached) > 0
+
+
+async def test_the_prefix_memory_is_bounded_by_the_engines_kv_cache(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator
+) -> None:
+    # 1000 blocks of 16 tokens, which the simulator says in vLLM's cache_config_info.
+    url = await start_simulator_at(prefix_cache_blocks=1000)
+
+    def configure(settings: Settings) -> Settings:
+        return replace(settings, health=replace(settings.health, interval_s=0.1))
+
+    gateway = await start_gateway([url], configure=configure)
+    backend = gateway.state.pool.backends[0]
+    for _ in range(100):
+        if backend.prefixes.capacity_tokens == 16_000:
+            break
+        await asyncio.sleep(0.05)
+    assert backend.prefixes.capacity_tokens == 16_000

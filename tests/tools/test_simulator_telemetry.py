@@ -109,7 +109,10 @@ async def test_metrics_show_the_engines_own_queue(
     # each stream last ~40 s, far longer than the test reads.
     url = await simulator_process("--max-batch", "2", "--step-base-ms", "20", "--model", "m/x")
     idle = parse_engine_metrics(await _metrics_text(http, url))
-    assert idle == EngineLoad("vllm", waiting=0.0, running=0.0, kv_usage=0.0)
+    # 16,384 blocks of 16 tokens: the simulator's cache, in vLLM's cache_config_info.
+    assert idle == EngineLoad(
+        "vllm", waiting=0.0, running=0.0, kv_usage=0.0, kv_capacity_tokens=262_144
+    )
 
     started = [asyncio.Event() for _ in range(5)]
     streams = [asyncio.create_task(_hold_stream(http, url, event)) for event in started]

@@ -626,3 +626,18 @@ async def test_cancelling_a_fetch_cancels_it(serve: Serve, http: aiohttp.ClientS
 
 def test_nan_is_not_a_count() -> None:
     assert facts_from_tgi_info({"max_total_tokens": float("nan")}) is None
+
+
+def test_vllm_cache_config_gives_the_kv_capacity() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="m"} 3.0\n'
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",'
+        'num_gpu_blocks="20000"} 1.0\n'
+    )
+    load = parse_engine_metrics(text)
+    assert load is not None and load.kv_capacity_tokens == 320_000
+    before_profiling = text.replace('num_gpu_blocks="20000"', 'num_gpu_blocks="None"')
+    load = parse_engine_metrics(before_profiling)
+    assert load is not None and load.kv_capacity_tokens is None and load.running == 3.0
