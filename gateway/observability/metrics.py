@@ -134,6 +134,7 @@ class GatewayMetrics:
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
+        self._cache_counters: dict[str, tuple[Any, Any]] = {}
         self._lane_series: dict[str, _LaneSeries] = {}
 
     def observe(self, record: RequestRecord) -> None:
@@ -172,8 +173,14 @@ class GatewayMetrics:
             self._routing_counters[(backend, reason)] = decisions
         decisions.inc()
         if record.cached_tokens is not None and record.backend_prompt_tokens:
-            self.backend_prompt_tokens.labels(backend).inc(record.backend_prompt_tokens)
-            self.backend_cached_tokens.labels(backend).inc(record.cached_tokens)
+            tokens = self._cache_counters.get(backend)
+            if tokens is None:
+                tokens = self._cache_counters[backend] = (
+                    self.backend_prompt_tokens.labels(backend),
+                    self.backend_cached_tokens.labels(backend),
+                )
+            tokens[0].inc(record.backend_prompt_tokens)
+            tokens[1].inc(record.cached_tokens)
 
     def _series_of(self, lane: str) -> _LaneSeries:
         return _LaneSeries(

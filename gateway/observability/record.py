@@ -25,10 +25,18 @@ if TYPE_CHECKING:
 clock = time.perf_counter
 
 
-def _ms(start: float | None, end: float | None) -> float | None:
+def ms_between(start: float | None, end: float | None) -> float | None:
+    """Milliseconds from `start` to `end` (clock() times), rounded to µs; None if unknown."""
     if start is None or end is None:
         return None
     return round((end - start) * 1000.0, 3)
+
+
+def mean_tpot_ms(first_token: float | None, end: float | None, tokens: int | None) -> float | None:
+    """Mean time per output token after the first; None without two tokens."""
+    if tokens is None or tokens < 2 or first_token is None or end is None:
+        return None
+    return round((end - first_token) * 1000.0 / (tokens - 1), 3)
 
 
 def _seconds_as_ms(seconds: float | None) -> float | None:
@@ -87,27 +95,26 @@ class RequestRecord:
     def queue_ms(self) -> float | None:
         if self.enqueued is None:
             return None
-        return _ms(self.enqueued, self.dispatched if self.dispatched is not None else self.end)
+        return ms_between(
+            self.enqueued, self.dispatched if self.dispatched is not None else self.end
+        )
 
     @property
     def backend_ttft_ms(self) -> float | None:
-        return _ms(self.dispatched, self.first_token)
+        return ms_between(self.dispatched, self.first_token)
 
     @property
     def ttft_ms(self) -> float | None:
-        return _ms(self.arrival, self.first_token)
+        return ms_between(self.arrival, self.first_token)
 
     @property
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first; None without two tokens."""
-        tokens = self.completion_tokens
-        if tokens is None or tokens < 2 or self.first_token is None or self.end is None:
-            return None
-        return round((self.end - self.first_token) * 1000.0 / (tokens - 1), 3)
+        return mean_tpot_ms(self.first_token, self.end, self.completion_tokens)
 
     @property
     def e2e_ms(self) -> float | None:
-        return _ms(self.arrival, self.end)
+        return ms_between(self.arrival, self.end)
 
     def log_fields(self) -> dict[str, Any]:
         """The per-request log line's fields; absent values stay None (null)."""

@@ -39,7 +39,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import ShadowSettings, TimeoutSettings
-from gateway.observability.record import RequestRecord, clock
+from gateway.observability.record import RequestRecord, clock, mean_tpot_ms, ms_between
 
 if TYPE_CHECKING:
     from gateway.admission.admit import RequestShape
@@ -106,12 +106,6 @@ def shadow_body(body: bytes, model: str | None, openai_route: bool) -> bytes:
     return _encode(decoded)
 
 
-def _ms(start: float | None, end: float | None) -> float | None:
-    if start is None or end is None:
-        return None
-    return round((end - start) * 1000.0, 3)
-
-
 def _ratio(shadow: float | None, primary: float | None) -> float | None:
     if shadow is None or primary is None or primary <= 0:
         return None
@@ -143,19 +137,16 @@ class ShadowResult:
 
     @property
     def ttft_ms(self) -> float | None:
-        return _ms(self.sent, self.first_token)
+        return ms_between(self.sent, self.first_token)
 
     @property
     def tpot_ms(self) -> float | None:
         """Mean time per output token after the first, as the primary's record counts it."""
-        tokens = self.completion_tokens
-        if tokens is None or tokens < 2 or self.first_token is None or self.end is None:
-            return None
-        return round((self.end - self.first_token) * 1000.0 / (tokens - 1), 3)
+        return mean_tpot_ms(self.first_token, self.end, self.completion_tokens)
 
     @property
     def e2e_ms(self) -> float | None:
-        return _ms(self.sent, self.end)
+        return ms_between(self.sent, self.end)
 
 
 def comparison(record: RequestRecord, shadow: ShadowResult, shadow_name: str) -> dict[str, Any]:
@@ -166,7 +157,7 @@ def comparison(record: RequestRecord, shadow: ShadowResult, shadow_name: str) ->
     the candidate never had, is left out of both TTFTs and end-to-end times.
     Absent figures are None (null), never made up.
     """
-    primary_ttft = _ms(record.dispatched, record.first_token)
+    primary_ttft = ms_between(record.dispatched, record.first_token)
     primary_tpot = record.tpot_ms
     return {
         "request_id": record.request_id,
@@ -189,10 +180,10 @@ def comparison(record: RequestRecord, shadow: ShadowResult, shadow_name: str) ->
         "tpot_ratio": _ratio(shadow.tpot_ms, primary_tpot),
         "primary_completion_tokens": record.completion_tokens,
         "shadow_completion_tokens": shadow.completion_tokens,
-        "primary_e2e_ms": _ms(record.dispatched, record.end),
+        "primary_e2e_ms": ms_between(record.dispatched, record.end),
         "shadow_e2e_ms": shadow.e2e_ms,
         #: How long after the primary's dispatch the mirror went out (the loop's delay).
-        "shadow_start_delay_ms": _ms(record.dispatched, shadow.sent),
+        "shadow_start_delay_ms": ms_between(record.dispatched, shadow.sent),
     }
 
 
