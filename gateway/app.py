@@ -7,7 +7,7 @@ import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator
-from typing import TextIO
+from typing import Any, TextIO
 
 import tiktoken
 from aiohttp import web
@@ -15,6 +15,11 @@ from aiohttp import web
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.leases import SlotLeases
+from gateway.fleet.quotas import TenantQuotas
+from gateway.fleet.signals import FleetSignals
+from gateway.fleet.store import SharedStore
 from gateway.http import cors, openai, openapi, ops, playground, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
@@ -85,6 +90,14 @@ def build_app(
     )
     health.after_round = state.sizer.round
     state.tracer = build_tracer(settings.tracing, events)
+    if settings.redis.enabled:
+        state.fleet = build_fleet(settings, pool, scheduler, events, metrics)
+        # Fleet signals (#11): this replica's queueing published, the fleet's exported.
+        FleetSignals(
+            state.fleet.store, state.fleet, scheduler, draining=lambda: state.draining
+        ).install(metrics.registry)
+    # Tenant quotas (#11): in the fleet's Redis, or local without one.
+    state.quotas = TenantQuotas.for_fleet(settings.api_keys, state.fleet, metrics.registry)
     metrics.watch(scheduler, pool, state.sizer.floors)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -111,12 +124,31 @@ def build_app(
     return app
 
 
+def build_fleet(
+    settings: Settings,
+    pool: BackendPool,
+    scheduler: Scheduler,
+    events: Any,
+    metrics: GatewayMetrics,
+) -> Fleet:
+    """The parts shared with the other replicas through Redis."""
+    store = SharedStore(settings.redis, events=events, registry=metrics.registry)
+    fleet = Fleet(settings.redis, store)
+    leases = SlotLeases(store, pool, scheduler, share=fleet.local_share)
+    fleet.leases = leases
+    fleet.ticks.append(leases.tick)
+    store.on_up.append(leases.rejoin)
+    return fleet
+
+
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[GATEWAY]
     await state.upstream.start()
     await state.health.start()
     await state.loop_lag.start()
     await state.shadow.start()
+    if state.fleet is not None:
+        await state.fleet.start()
     warm_up = None
     if state.settings.health.probe_on_start and state.health.session is not None:
         warm_up = asyncio.create_task(state.sizer.warm_up(state.health.session), name="warm-up")
@@ -133,6 +165,9 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await warm_up
     await state.shadow.stop()  # mirrors still running are aborted, never waited for
+    await state.quotas.stop()  # the give-backs in flight, before the store closes
+    if state.fleet is not None:
+        await state.fleet.stop()
     await state.loop_lag.stop()
     await state.health.stop()
     await state.upstream.close()

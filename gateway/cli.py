@@ -33,6 +33,7 @@ from gateway.config import (
     load_settings,
     unrecognized_env_names,
 )
+from gateway.fleet.store import mask_url_password
 from gateway.observability.logs import make_logger
 
 SIMULATOR_START_TIMEOUT_S = 20.0
@@ -148,6 +149,7 @@ def check_config(settings: Settings) -> int:
             backend["api_key"] = "***"
     if effective["shadow"]["api_key"] is not None:
         effective["shadow"]["api_key"] = "***"
+    effective["redis"]["url"] = mask_url_password(effective["redis"]["url"])
     effective["lane_slot_limits"] = {
         lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
     }

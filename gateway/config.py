@@ -148,6 +148,13 @@ class ApiKeySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     #: May choose its lane with the `X-Gateway-Lane` header, whatever its budget
     #: (for the rare long-context job that must get through).
     allow_lane_override: bool = False
+    #: Requests per minute this key may send (over every replica, with [redis]);
+    #: over it: 429 quota_exceeded. None: no quota.
+    requests_per_minute: Positive | None = None
+    #: Tokens per minute: each request reserves its prompt and its whole output budget
+    #: (n x max_tokens) at admission and gives back what its backend did not use. None:
+    #: no quota.
+    tokens_per_minute: Positive | None = None
 
 
 class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -228,6 +235,11 @@ class RoutingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     cache_load_margin: Annotated[float, _rule("be in [0, 1]", ge=0, le=1)] = 0.5
     #: Tokens of prefixes remembered per backend (its engine's cache is bounded too).
     prefix_memory_tokens: Positive = 262_144
+    #: Longest a request waits for the backend that has its prefix cached while that one
+    #: is full, rather than take a free slot elsewhere and prefill it all again. Each
+    #: request waits at most the prefill it would save there (predicted), so a hot prefix
+    #: spreads after one prefill's time; requests behind it are served meanwhile. 0: never.
+    max_cache_wait_s: Annotated[float, _rule("be from 0 to 30", ge=0, le=30)] = 2.0
     #: Choose the lane by the prompt's uncached part (a long prompt that is mostly cached
     #: is a short request for the engine). Off: the lane is chosen by the whole prompt.
     lane_by_uncached_tokens: bool = False
@@ -267,6 +279,46 @@ class ShadowSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     timeout_s: PositiveFloat = 120.0
     #: No new mirror while the event loop runs this late (the gateway itself is busy).
     max_loop_lag_s: PositiveFloat = 0.05
+
+
+class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Shared state for several gateway replicas in front of the same backends: slot
+    leases (each backend's `max_concurrency` and prefill budget hold across replicas),
+    tenant quotas and fleet signals. Empty url: one replica, everything local.
+
+    Redis unreachable or slow: each replica falls back to its share of each backend's
+    slots and of each quota, with a warning and `gateway_redis_up 0`; it rejoins when
+    Redis answers again. Requests never fail because Redis did."""
+
+    #: redis://host:port/db (or rediss://, unix://); empty: no shared state.
+    url: Annotated[
+        str,
+        _rule(
+            "be empty (off) or redis://, rediss:// or unix:// URL",
+            pattern=r"(?i)^(?:$|(?:redis|rediss|unix)://\S+)",
+        ),
+    ] = ""
+    #: Prefix of every key, so several gateway fleets can share one Redis.
+    key_prefix: Annotated[str, _rule("be set", min_length=1)] = "llmgw"
+    #: A lease not renewed for this long is gone: a crashed replica's slots come back.
+    lease_ttl_s: Annotated[float, _rule("be from 0.5 to 300", ge=0.5, le=300)] = 5.0
+    #: Longest a Redis call may take on the request path before the replica falls back
+    #: to local state (loopback answers in ~0.2 ms; a slow Redis must not become the tail).
+    timeout_s: PositiveFloat = 0.1
+    #: How often leases are renewed, counts refreshed and signals published (and, when
+    #: fallen back, Redis tried again); 0: a third of lease_ttl_s.
+    tick_s: Annotated[float, _rule("be >= 0 (0: lease_ttl_s / 3)", ge=0)] = 0.0
+    #: This replica's share of each backend's slots and of each quota while Redis is
+    #: down; 0: one over the number of replicas last seen in Redis (1 before any).
+    replica_share: Annotated[float, _rule("be from 0 to 1 (0: learned)", ge=0, le=1)] = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+    @property
+    def interval_s(self) -> float:
+        return self.tick_s or self.lease_ttl_s / 3
 
 
 class TracingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -316,6 +368,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     api_keys: list[ApiKeySettings] = field(default_factory=list)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    redis: RedisSettings = field(default_factory=RedisSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, freshly built dicts and lists (a caller may edit them, e.g. to mask keys)."""
@@ -358,6 +411,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "logging": LoggingSettings,
     "shadow": ShadowSettings,
     "tracing": TracingSettings,
+    "redis": RedisSettings,
 }
 ARRAYS: dict[str, type[msgspec.Struct]] = {
     "backends": BackendSettings,
@@ -416,7 +470,7 @@ _PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 _UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(?P<key>[^`]+)`$")
 _WRONG_TYPE = re.compile(r"^Expected `[^`]+`, got `[^`]+`$")
 #: Values never repeated in a message.
-_SECRETS = {("api_keys", "key"), ("backends", "api_key"), ("shadow", "api_key")}
+_SECRETS = {("api_keys", "key"), ("backends", "api_key"), ("shadow", "api_key"), ("redis", "url")}
 
 
 def _convert(data: dict[str, Any], origins: Origins) -> Settings:

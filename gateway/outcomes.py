@@ -43,6 +43,7 @@ class Outcome(StrEnum):
     REJECTED_QUEUE_FULL = "rejected_queue_full"
     REJECTED_WAIT_TOO_LONG = "rejected_wait_too_long"
     REJECTED_SHUTTING_DOWN = "rejected_shutting_down"
+    REJECTED_QUOTA_EXCEEDED = "rejected_quota_exceeded"
 
     @property
     def counts_against_backend(self) -> bool:
@@ -140,6 +141,13 @@ class WaitTooLong(Refusal):
     outcome = Outcome.REJECTED_WAIT_TOO_LONG
 
 
+class QuotaExceeded(Refusal):
+    """Over the API key's requests or tokens per minute; Retry-After: the window's end."""
+
+    code = "quota_exceeded"
+    outcome = Outcome.REJECTED_QUOTA_EXCEEDED
+
+
 class QueueTimeout(Refusal):
     code = "queue_timeout"
     outcome = Outcome.QUEUE_TIMEOUT
@@ -188,6 +196,7 @@ REFUSALS: tuple[type[Refusal], ...] = (
     ContextLengthExceeded,
     QueueFull,
     WaitTooLong,
+    QuotaExceeded,
     QueueTimeout,
     NoBackend,
     ShuttingDown,

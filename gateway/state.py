@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -10,6 +10,8 @@ from aiohttp import web
 from gateway.admission.auth import ClientKeys
 from gateway.admission.tokens import TokenCounter
 from gateway.config import LimitsSettings, Settings
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.quotas import TenantQuotas
 from gateway.observability.logs import RequestLog
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
@@ -51,6 +53,11 @@ class GatewayState:
     draining: bool = False
     #: Makes each request's OpenTelemetry spans at its end ([tracing] enabled); None: off.
     tracer: RequestTracer | None = None
+    #: State shared with the other replicas in Redis ([redis] url); None: this one alone.
+    fleet: Fleet | None = None
+    #: Requests and tokens per minute of the keys that have quotas (in Redis with a
+    #: fleet, else local); the default applies to no key.
+    quotas: TenantQuotas = field(default_factory=TenantQuotas)
 
     @property
     def limits(self) -> LimitsSettings:

@@ -203,3 +203,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         in_slow_dir = any(item.path.is_relative_to(d) for d in slow_dirs)
         if in_slow_dir or is_hypothesis_test(getattr(item, "obj", None)):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def redis_server() -> Any:
+    """A real redis-server on a free loopback port for this test, stopped by PID after."""
+    from tests.redis_server import RedisServer, redis_binary
+
+    server = RedisServer(redis_binary())
+    server.start()
+    yield server
+    server.stop()

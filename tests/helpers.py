@@ -103,3 +103,18 @@ async def assert_nothing_left(
         if loop.time() > deadline:
             pytest.fail(f"left behind after {after}: " + "; ".join(problems))
         await asyncio.sleep(poll_s)
+
+
+async def eventually(check: Any, within_s: float = 5.0, step_s: float = 0.02) -> float:
+    """Seconds until `check()` (sync, or async returning bool) holds; fails past `within_s`."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return loop.time() - start
+        if loop.time() - start > within_s:
+            pytest.fail(f"condition not met within {within_s} s")
+        await asyncio.sleep(step_s)

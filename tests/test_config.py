@@ -781,17 +781,21 @@ def test_check_config_masks_secrets(tmp_path: Path) -> None:
     text = (
         '[[backends]]\nurl = "http://a:1"\napi_key = "backend-secret"\n'
         '[[api_keys]]\nkey = "client-secret"\n'
+        '[redis]\nurl = "redis://gw:redis-secret@127.0.0.1:6379/0"\n'
     )
     result = run_check_config("--config", str(write_toml(tmp_path, text)))
     assert result.returncode == 0, result.stderr
     assert "secret" not in result.stdout
     effective = json.loads(result.stdout)
     assert effective["backends"][0]["api_key"] == "***"
+    assert effective["redis"]["url"] == "redis://gw:***@127.0.0.1:6379/0"
     assert effective["api_keys"][0] == {
         "name": "key1",
         "key": "***",
         "lanes": None,
         "allow_lane_override": False,
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
     }
 
 

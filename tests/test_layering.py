@@ -75,6 +75,7 @@ RULES = [
     Rule("gateway.scheduling", forbidden=("aiohttp", "gateway.http", "gateway.upstream")),
     Rule("gateway.upstream", forbidden=("gateway.http",)),
     Rule("gateway.observability", forbidden=("gateway.http",)),
+    Rule("gateway.fleet", forbidden=("gateway.http",)),
     Rule("gateway.tools.simulator", only_gateway=("gateway.tools.simulator",)),
 ]
 

@@ -53,6 +53,35 @@ EXTRA_RESPONSE_HEADERS: tuple[tuple[str, str], ...] = (
         "`prompt_too_long`, ...). An error *without* it is the backend's own answer, "
         "passed through.",
     ),
+    (
+        "x-ratelimit-limit-requests",
+        "Only for an API key with `requests_per_minute`: its requests per minute (this "
+        "replica's share of it while Redis is unreachable), as OpenAI sends it. On answers "
+        "and refusals once the request passed admission's checks.",
+    ),
+    (
+        "x-ratelimit-remaining-requests",
+        "Requests the key may still send in this minute, this one counted.",
+    ),
+    (
+        "x-ratelimit-reset-requests",
+        "Time until the minute's window ends and the count starts again, in OpenAI's "
+        "format (`59.2s`, `850ms`).",
+    ),
+    (
+        "x-ratelimit-limit-tokens",
+        "Only for an API key with `tokens_per_minute`: its tokens per minute (prompt plus "
+        "output, in the backend's tokens).",
+    ),
+    (
+        "x-ratelimit-remaining-tokens",
+        "Tokens left in this minute after this request's reservation (its prompt and its "
+        "whole output budget, n x max_tokens; what it does not use comes back at its end).",
+    ),
+    (
+        "x-ratelimit-reset-tokens",
+        "Time until the minute's window ends, as `x-ratelimit-reset-requests`.",
+    ),
 )
 
 #: What a caller does with a header, by lower-case name.
@@ -69,6 +98,12 @@ HEADER_USE: dict[str, str] = {
     "server-timing": "Browsers' developer tools show it in the request's timing tab.",
     "retry-after": "Wait at least this long before retrying.",
     REFUSAL_HEADER: "Branch on it without parsing the body.",
+    "x-ratelimit-remaining-requests": "Slow down before it reaches 0 instead of meeting "
+    "429 `quota_exceeded`.",
+    "x-ratelimit-remaining-tokens": "A request needing more than this is refused: lower "
+    "`max_tokens`, or wait for the reset.",
+    "x-ratelimit-reset-tokens": "When to come back after a 429 `quota_exceeded` (its "
+    "`Retry-After` says the same in whole seconds).",
 }
 
 

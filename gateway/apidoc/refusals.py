@@ -84,6 +84,8 @@ def retry_after_section(settings: Settings) -> list[str]:
         "request may have (its deadline's share). Before the gateway has measured a rate, "
         f"its predicted wait. At most {MAX_RETRY_AFTER_S} s.",
         f"- `no_backend`: the next health check, {seconds(settings.health.interval_s)}.",
+        "- `quota_exceeded`: until the API key's minute window ends (Redis time when "
+        "replicas share it).",
         f"- `shutting_down`: {seconds(math.ceil(draining))}; another instance can serve you now.",
         "",
         "Honour it, add jitter (so that refused clients do not come back together) and "

@@ -60,6 +60,13 @@ EXPOSED_HEADERS = (
     "x-gateway-refusal",
     "Retry-After",
     "Server-Timing",
+    # a key's quota, as OpenAI sends them
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
 )
 #: How long a browser may reuse a preflight's answer (Chromium caps it at 2 h).
 MAX_AGE_S = 600

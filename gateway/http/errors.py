@@ -55,6 +55,9 @@ ERRORS: dict[str, ErrorKind] = {
     "wait_too_long": ErrorKind(
         429, "rate_limit_error", "the predicted wait is over the lane's deadline"
     ),
+    "quota_exceeded": ErrorKind(
+        429, "rate_limit_error", "over the API key's requests or tokens per minute"
+    ),
     "internal_error": ErrorKind(500, _SERVER, "a gateway bug (its log has the traceback)"),
     "backend_error": ErrorKind(502, _SERVER, "backend unreachable / broke before the first byte"),
     "queue_timeout": ErrorKind(503, _UNAVAILABLE, "waited in queue past the lane's timeout"),
@@ -64,7 +67,14 @@ ERRORS: dict[str, ErrorKind] = {
 }
 #: Codes whose answers carry `Retry-After`.
 RETRY_AFTER_CODES = frozenset(
-    {"queue_full", "wait_too_long", "queue_timeout", "no_backend", "shutting_down"}
+    {
+        "queue_full",
+        "wait_too_long",
+        "queue_timeout",
+        "no_backend",
+        "shutting_down",
+        "quota_exceeded",
+    }
 )
 
 #: What a caller should do about each code: the API page's advice
@@ -93,6 +103,9 @@ CALLER_ADVICE: dict[str, str] = {
     "defer work that can wait.",
     "wait_too_long": "Retry after `Retry-After` seconds. If you sent `x-request-deadline-ms`, "
     "a longer deadline may be admitted now.",
+    "quota_exceeded": "Wait for `Retry-After` seconds (the quota's minute ends then); "
+    "pace your requests by the `x-ratelimit-remaining-*` headers every answer carries. "
+    "A request bigger than the whole token quota never fits: lower `max_tokens`.",
     "internal_error": "Retry once; if it happens again, report it with the `x-request-id`.",
     "backend_error": "Retry with backoff. Nothing was generated; the gateway has already "
     "tried another backend when it had one.",

@@ -409,7 +409,8 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                 "Retry-After": {
                     "required": True,
                     "description": "Whole seconds to wait before retrying: how long the "
-                    "lane's line takes to drain at its measured rate (1 to 60).",
+                    "lane's line takes to drain at its measured rate (1 to 60); for "
+                    "`quota_exceeded`, until the key's minute window ends.",
                     "schema": {"type": "integer", "minimum": 1},
                 },
                 "x-gateway-refusal": {

@@ -6,6 +6,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway.fleet.leases import describe as describe_leases
 from gateway.http.errors import error_response
 from gateway.outcomes import Refusal
 from gateway.state import GATEWAY
@@ -51,9 +52,13 @@ async def debug_backends(request: web.Request) -> web.Response:
     except Refusal as refusal:
         return error_response(refusal)
     limits = state.limits
+    backends = state.sizer.describe()
+    if state.fleet is not None and state.fleet.leases is not None:
+        for described, backend in zip(backends, state.pool.backends, strict=True):
+            described["fleet"] = describe_leases(state.fleet.leases, backend)
     return web.json_response(
         {
-            "backends": state.sizer.describe(),
+            "backends": backends,
             "lanes": state.sizer.describe_lanes(),
             "limits": {
                 "max_prompt_tokens": limits.max_prompt_tokens,

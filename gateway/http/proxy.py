@@ -18,9 +18,11 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from gateway.admission.admit import Admission, RequestShape, admit
+from gateway.admission.admit import Admission, RequestShape, admit, calibrated
 from gateway.admission.deadline import DEADLINE_HEADER, client_deadline_s
 from gateway.dialects.base import Dialect
+from gateway.fleet.leases import leased
+from gateway.fleet.quotas import QuotaReservation
 from gateway.http.errors import error_response, refusal_body, status_of
 from gateway.http.keepalive import WAITING, EarlyStream
 from gateway.observability.record import RequestRecord, clock
@@ -233,6 +235,13 @@ def relay_plan(
     )
 
 
+def moved(reassigned: bool, state: GatewayState, grant: Grant) -> bool:
+    """After a retry moved `grant` to another backend: its new slot is leased too."""
+    if reassigned and state.fleet is not None and state.fleet.leases is not None:
+        state.fleet.leases.adopt(grant.slot)
+    return reassigned
+
+
 async def settled(
     early: EarlyStream, answer: web.StreamResponse, record: RequestRecord, dialect: Dialect
 ) -> web.StreamResponse:
@@ -249,6 +258,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
     record.trace = incoming_trace(request.headers, state.tracer)
     headers = {"x-request-id": record.request_id}
     grant: Grant | None = None
+    quota: QuotaReservation | None = None
     prefill_timer: asyncio.TimerHandle | None = None
     early: EarlyStream | None = None
     try:
@@ -291,6 +301,15 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         headers.update(admission_headers(admission))
         state.pool.require_available(lane)
         backend_body = encode_backend_body(dialect.backend_body(shape, admission.budget))
+        quota = await state.quotas.reserve(  # the key's requests and tokens per minute
+            client,
+            calibrated(shape.prompt_tokens, state.pool.token_ratio(None)),
+            admission.budget.total,
+        )
+        if quota is not None:
+            headers.update(quota.headers)
+            quota.check()
+            record.quota_tokens = quota.tokens
         state.prompt_sizes.add(lane, shape.prompt_tokens)
         if shape.stream and server.sse_keepalive_s > 0:
             early = EarlyStream(request, headers, server.sse_keepalive_s)
@@ -313,6 +332,17 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             )
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
+        if state.fleet is not None and state.fleet.leases is not None:
+            grant = held = await leased(
+                state.fleet.leases,
+                scheduler,
+                held,
+                record,
+                prompt_tokens=shape.prompt_tokens,
+                output_tokens=budget.total,
+                deadline_s=note.deadline_s or 0.0,
+                hint=hint,
+            )
         record.dispatched = clock()
         record.cached_tokens_expected = held.slot.cached_tokens
         record.routed_by = held.slot.reason
@@ -345,8 +375,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             pool=state.pool,
             backend=lambda: held.slot.backend,
             plan_for=plan_for,
-            move_elsewhere=lambda: scheduler.reassign(
-                held, shape.prompt_tokens, budget.total, hint
+            move_elsewhere=lambda: moved(
+                scheduler.reassign(held, shape.prompt_tokens, budget.total, hint), state, held
             ),
         )
         return response if early is None else await settled(early, response, record, dialect)
@@ -380,4 +410,5 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 learn_from(record, grant.slot)
             finally:
                 state.scheduler.release(grant)
+        state.quotas.give_back(quota, record)  # in the background: never delays the answer
         state.finish(record)

@@ -76,6 +76,10 @@ class RequestRecord:
     cached_tokens: int | None = None
     #: Why its backend was chosen: "prefix" (cached there), "session" or "load".
     routed_by: str | None = None
+    #: Milliseconds spent getting its slot's lease from Redis ([redis]; None: no lease).
+    lease_ms: float | None = None
+    #: Tokens its API key's quota reserved for it (prompt + output budget); None: no quota.
+    quota_tokens: int | None = None
     #: When the request joined its lane's queue (after admission).
     enqueued: float | None = None
     #: When it got a slot and was sent to the backend.
@@ -141,6 +145,8 @@ class RequestRecord:
             "cached_tokens_expected": self.cached_tokens_expected,
             "cached_tokens": self.cached_tokens,
             "routed_by": self.routed_by,
+            "lease_ms": self.lease_ms,
+            "quota_tokens": self.quota_tokens,
             "queue_ms": self.queue_ms,
             "backend_ttft_ms": self.backend_ttft_ms,
             "ttft_ms": self.ttft_ms,

@@ -61,9 +61,20 @@ SHED_LOWER_AT = 0.5
 PRESSURE_SAMPLES = 8
 #: Samples of the wait per place in line before they replace the structural guess.
 WAIT_SAMPLES_NEEDED = 5
+#: Requests of a lane looked at past a deferred head (each costs the source one try).
+LOOKAHEAD = 16
 #: Recent dispatches per lane from which its drain rate (requests leaving the line per
 #: second) is measured, for Retry-After.
 DRAIN_SAMPLES = 32
+
+
+@dataclass(slots=True, frozen=True)
+class Deferred:
+    """What a slot source answers when it has a slot, but this request had better wait a
+    little for another one (the backend that has its prompt cached, now full): requests
+    behind it in line may take the free slot; it is asked again within `retry_in_s`."""
+
+    retry_in_s: float
 
 
 class SlotSource(Protocol):
@@ -76,10 +87,17 @@ class SlotSource(Protocol):
         output_tokens: int = 0,
         exclude: Any = None,
         hint: Any = None,
+        waited_s: float | None = None,
     ) -> Any | None:
-        """A slot for a request of `lane` (not on the backend of slot `exclude`), or None.
+        """A slot for a request of `lane` (not on the backend of slot `exclude`), None when
+        there is none, or `Deferred` when this request should wait for a better one.
 
-        `hint` is the request's routing hint, passed through untouched."""
+        `hint` is the request's routing hint, passed through untouched; `waited_s` how
+        long it has waited in line (None: it may not wait, a retry)."""
+
+    def has_free_slot(self, lane: str) -> bool:
+        """Some backend of `lane` has a free slot now (with [redis], counting the slots the
+        other replicas hold)."""
 
     def prefill_done(self, slot: Any) -> None:
         """The request's prompt is no longer in prefill (its first byte came back)."""
@@ -174,8 +192,9 @@ class Scheduler:
             ]
         self._source = source
         #: The one clock of every estimate (waits, hold times, promotion ages). Only the
-        #: queue timeout is a loop timer: it must fire, not just be computed.
+        #: queue timeout and the end of a deferral are loop timers: they must fire.
         self._now = clock
+        self._deferral_timer: asyncio.TimerHandle | None = None
 
     @property
     def lanes(self) -> list[LaneState]:
@@ -204,6 +223,7 @@ class Scheduler:
             not lane.queue
             and lane.in_flight < lane.slot_limit
             and not any(other.queue for other in lane.higher)
+            and self._source.has_free_slot(lane.name)
         )
 
     def predicted_wait_s(self, name: str) -> float | None:
@@ -320,26 +340,66 @@ class Scheduler:
             )
         if lane.in_flight < lane.slot_limit and not any(other.queue for other in self._lanes):
             # Nobody waits anywhere: what dispatching would do, without queueing a future.
-            slot = self._source.try_take(name, prompt_tokens, output_tokens, hint=hint)
-            if slot is not None:
+            slot = self._source.try_take(
+                name, prompt_tokens, output_tokens, hint=hint, waited_s=0.0
+            )
+            if slot is not None and not isinstance(slot, Deferred):
                 lane.in_flight += 1
                 lane.recent_waits.append(0.0)
                 lane.dispatched_at.append(now)
                 return Grant(name, slot, 0.0, now)
-        loop = asyncio.get_running_loop()
         waiter = _Waiter(
             now,
             prompt_tokens,
             output_tokens,
-            loop.create_future(),
+            asyncio.get_running_loop().create_future(),
             position=self._place_in_line(lane),
             hint=hint,
         )
         lane.queue.append(waiter)
+        return await self._wait(lane, waiter, deadline, deadline)
+
+    async def requeue(
+        self,
+        grant: Grant,
+        prompt_tokens: int,
+        output_tokens: int,
+        *,
+        deadline_s: float,
+        hint: Any = None,
+    ) -> Grant:
+        """The slot of `grant` turned out unusable (with [redis]: the other replicas hold
+        that backend's slots): give it back and wait again at the front of the line, with
+        the time waited so far counted against `deadline_s`, the request's queue deadline.
+        No arrival refusal applies: the request was admitted already."""
+        lane = self._by_name[grant.lane]
+        grant.released = True
+        lane.in_flight -= 1
+        self._source.give_back(grant.slot)
+        enqueued_at = grant.granted_at - grant.queued_s
+        left = deadline_s - (self._now() - enqueued_at)
+        waiter = _Waiter(
+            enqueued_at,
+            prompt_tokens,
+            output_tokens,
+            asyncio.get_running_loop().create_future(),
+            hint=hint,
+        )
+        lane.queue.appendleft(waiter)
+        if left <= 0:
+            self._expire(lane, waiter, deadline_s)
+            return waiter.future.result()  # raises the QueueTimeout
+        return await self._wait(lane, waiter, left, deadline_s)
+
+    async def _wait(
+        self, lane: LaneState, waiter: _Waiter, timeout_s: float, deadline_s: float
+    ) -> Grant:
+        """Serve the queues; wait for `waiter`'s slot at most `timeout_s` (QueueTimeout)."""
         self._dispatch()
         if waiter.future.done():
             return waiter.future.result()
-        waiter.timer = loop.call_later(deadline, self._expire, lane, waiter, deadline)
+        loop = asyncio.get_running_loop()
+        waiter.timer = loop.call_later(timeout_s, self._expire, lane, waiter, deadline_s)
         try:
             return await waiter.future
         except asyncio.CancelledError:
@@ -405,7 +465,7 @@ class Scheduler:
         slot = self._source.try_take(
             grant.lane, prompt_tokens, output_tokens, exclude=grant.slot, hint=hint
         )
-        if slot is None:
+        if slot is None or isinstance(slot, Deferred):
             return False
         self._source.give_back(grant.slot)
         grant.slot = slot
@@ -464,13 +524,10 @@ class Scheduler:
         order = promoted + [lane for lane in kept if lane not in promoted]
         order += [lane for lane in ready if lane not in pressed and lane not in order]
         for lane in order:
-            head = lane.queue[0]
-            slot = self._source.try_take(
-                lane.name, head.prompt_tokens, head.output_tokens, hint=head.hint
-            )
-            if slot is None:
+            waiter, slot = self._first_served(lane, now)
+            if waiter is None:
                 continue
-            waiter = lane.queue.popleft()
+            lane.queue.remove(waiter)
             lane.in_flight += 1
             waited = now - waiter.enqueued_at
             lane.wait_per_place.add(waited / waiter.position)
@@ -479,3 +536,47 @@ class Scheduler:
             waiter.future.set_result(Grant(lane.name, slot, waited, now))
             return True
         return False
+
+    def _first_served(self, lane: LaneState, now: float) -> tuple[_Waiter | None, Any]:
+        """The lane's first request in line that gets a slot now, and the slot.
+
+        The head, unless the source defers it (it waits for the backend holding its
+        prompt's cache): then the requests behind it, up to LOOKAHEAD of them, may take
+        the free slot, and the queues are served again when the first deferral ends.
+        """
+        retry_in: float | None = None
+        for index, waiter in enumerate(lane.queue):
+            if index == LOOKAHEAD:
+                break
+            if waiter.future.done():  # cancelled, not yet cleaned up
+                continue
+            slot = self._source.try_take(
+                lane.name,
+                waiter.prompt_tokens,
+                waiter.output_tokens,
+                hint=waiter.hint,
+                waited_s=now - waiter.enqueued_at,
+            )
+            if slot is None:
+                break  # no slot for this lane at all
+            if not isinstance(slot, Deferred):
+                return waiter, slot
+            retry_in = slot.retry_in_s if retry_in is None else min(retry_in, slot.retry_in_s)
+        if retry_in is not None:
+            self._serve_again_in(retry_in)
+        return None, None
+
+    def _serve_again_in(self, seconds: float) -> None:
+        """Serve the queues once more in `seconds` (the earliest deferral's end)."""
+        loop = asyncio.get_running_loop()
+        when = loop.time() + max(0.001, seconds)
+        timer = self._deferral_timer
+        if timer is not None and not timer.cancelled() and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._deferral_timer = loop.call_at(when, self._deferral_ended)
+
+    def _deferral_ended(self) -> None:
+        self._deferral_timer = None
+        self._dispatch()

@@ -67,6 +67,7 @@ from gateway.config import (
 )
 from gateway.outcomes import NoBackend, Outcome
 from gateway.scheduling.learning import BackendModel
+from gateway.scheduling.scheduler import Deferred
 from gateway.upstream.affinity import rendezvous_weight
 from gateway.upstream.prefix_index import PrefixIndex
 
@@ -75,8 +76,9 @@ BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
 
 
 def _busy(backend: Backend) -> float:
-    """How busy a backend is, for the cache margin: its share of slots in flight."""
-    return backend.in_flight / backend.max_concurrency
+    """How busy a backend is, for the cache margin: its share of slots in flight (this
+    replica's and, with [redis], the other replicas')."""
+    return (backend.in_flight + backend.others_in_flight) / backend.max_concurrency
 
 
 @dataclass(slots=True, frozen=True)
@@ -130,6 +132,15 @@ class Backend:
     engine_context_tokens: int | None = None
     #: The prompt prefixes sent here lately: what its engine probably has cached.
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)
+    #: With [redis]: slots and predicted prefill seconds the other replicas hold here (as
+    #: last heard from Redis; while Redis is down, the slots beyond this replica's share).
+    others_in_flight: int = 0
+    others_prefilling_s: float = 0.0
+    #: Moving average of how long a request holds a slot here (None: none ended yet):
+    #: how soon a slot frees, for a request deciding whether to wait for this backend.
+    hold_s: float | None = None
+    #: Requests waiting for this backend's cache (id of their hint: when they stop).
+    cache_waiters: dict[int, float] = field(default_factory=dict)
     _prefilling: set[Slot] = field(default_factory=set)
 
     @classmethod
@@ -160,21 +171,22 @@ class Backend:
 
     @property
     def free_slots(self) -> int:
-        return self.slot_limit - self.in_flight
+        return self.slot_limit - self.in_flight - self.others_in_flight
 
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.ejected_until
 
     def can_prefill(self, prompt_tokens: int) -> bool:
         """Room in the prefill budget; a prompt over it goes when nothing else prefills."""
-        if not self.prefilling_tokens:
+        if not self.prefilling_tokens and not self.others_prefilling_s:
             return True
         if self.max_prefill_tokens and (
             self.prefilling_tokens + prompt_tokens > self.max_prefill_tokens
         ):
             return False
         if self.prefill_budget_s:
-            return self.prefilling_s + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
+            in_prefill = self.prefilling_s + self.others_prefilling_s
+            return in_prefill + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
         return True
 
     def prefill_ahead_tokens(self, now: float) -> int:
@@ -228,6 +240,8 @@ class Slot:
     matched_tokens: int = 0
     #: Why this backend: BY_PREFIX, BY_SESSION or BY_LOAD.
     reason: str = BY_LOAD
+    #: Its lease in Redis ([redis]); None: none (no Redis, or Redis down at dispatch).
+    lease: str | None = None
 
 
 class BackendPool:
@@ -255,6 +269,10 @@ class BackendPool:
         }
         #: Called when a backend may have become available again (the scheduler's dispatch).
         self.on_available: Callable[[], None] = lambda: None
+        #: Called when a slot's prompt leaves prefill, and when a slot is given back (the
+        #: slot leases shared with other replicas follow them).
+        self.on_prefill_done: Callable[[Slot], None] | None = None
+        self.on_give_back: Callable[[Slot], None] | None = None
 
     def backends_of(self, lane: str) -> list[Backend]:
         return self._lane_backends.get(lane, self.backends)
@@ -272,6 +290,11 @@ class BackendPool:
         now = self.clock()
         candidates = self.backends if lane is None else self.backends_of(lane)
         return any(b.available(now) for b in candidates)
+
+    def has_free_slot(self, lane: str) -> bool:
+        """A backend of `lane` is available with a free slot (others' leases counted)."""
+        now = self.clock()
+        return any(b.free_slots > 0 and b.available(now) for b in self.backends_of(lane))
 
     def require_available(self, lane: str) -> None:
         """NoBackend (retry after the next health check) when nothing serves `lane` now."""
@@ -299,13 +322,18 @@ class BackendPool:
         output_tokens: int = 0,
         exclude: Slot | None = None,
         hint: RouteHint | None = None,
-    ) -> Slot | None:
+        waited_s: float | None = None,
+    ) -> Slot | Deferred | None:
         """A slot on the best backend for this request; not on `exclude`'s backend.
 
         Among the backends within the load margin: the most of the prompt cached (in
         sixteenths of it), then the session's backend, then the soonest first token.
         The cache comes first because a turn that leaves its history behind costs more
         than its own wait: every later turn of the conversation prefills it again.
+
+        When the backend holding more of the prompt is full, a request that has waited
+        `waited_s` is `Deferred` until it has waited what going elsewhere would cost it
+        (the predicted prefill of the difference, at most `max_cache_wait_s`).
         """
         now = self.clock()
         avoid = exclude.backend if exclude is not None else None
@@ -327,6 +355,7 @@ class BackendPool:
         best: Backend | None = None
         best_key: tuple[int, bool, int, float, int] = (0, False, 0, 0.0, 0)
         best_cached = best_matched = 0
+        roomy = []
         for backend in candidates:
             cached = matched = 0
             favoured = _busy(backend) <= within
@@ -336,7 +365,12 @@ class BackendPool:
             uncached = prompt_tokens - cached
             if not backend.can_prefill(uncached):
                 continue
-            ttft = backend.prefilling_s + backend.model.prefill_s(uncached)
+            roomy.append(backend)
+            ttft = (
+                backend.prefilling_s
+                + backend.others_prefilling_s
+                + backend.model.prefill_s(uncached)
+            )
             key = (
                 -(cached * 16 // max(1, prompt_tokens)),
                 not (favoured and backend is affine),
@@ -350,6 +384,15 @@ class BackendPool:
                 best, best_key, best_cached, best_matched = backend, key, cached, matched
         if best is None:
             return None
+        if prefix is not None and waited_s is not None and routing.max_cache_wait_s:
+            deferred = self._defer_for_cache(
+                lane, prompt_tokens, hint, best, best_cached, roomy, waited_s, now
+            )
+            if deferred is not None:
+                return deferred
+            for backend in self.backends_of(lane):  # it waits for none of them any more
+                if backend.cache_waiters:
+                    backend.cache_waiters.pop(id(hint), None)
         if best_cached:
             reason = BY_PREFIX
         else:
@@ -357,6 +400,47 @@ class BackendPool:
         slot = self._reserve(best, prompt_tokens, output_tokens, best_cached, reason, prefix, now)
         slot.matched_tokens = best_matched
         return slot
+
+    def _defer_for_cache(
+        self,
+        lane: str,
+        prompt_tokens: int,
+        hint: RouteHint | None,
+        best: Backend,
+        best_cached: int,
+        roomy: list[Backend],
+        waited_s: float,
+        now: float,
+    ) -> Deferred | None:
+        """Deferred when a full backend holds more of the prompt cached than `best` and
+        waiting for it is worth it: for at most the prefill `best` would spend on the
+        difference, and only while its slots free soon enough for the requests already
+        waiting for it and this one (so a hot prefix spreads instead of piling up)."""
+        assert hint is not None and hint.prefix is not None
+        home, more = None, 0
+        for backend in self.backends_of(lane):
+            if backend in roomy or not backend.available(now):
+                continue
+            matched = min(prompt_tokens, backend.prefixes.matched_tokens(hint.prefix))
+            gain = int(matched * backend.model.cache_hit_share) - best_cached
+            if gain > more:
+                home, more = backend, gain
+        if home is None or home.hold_s is None:
+            return None
+        worth_s = min(self.routing.max_cache_wait_s, more / best.model.prefill_tokens_per_s)
+        if waited_s >= worth_s:
+            return None
+        waiters, key = home.cache_waiters, id(hint)
+        if key not in waiters:
+            for other, until in list(waiters.items()):
+                if until <= now:
+                    del waiters[other]
+            # The k-th request waiting for it gets a slot after about k slot releases.
+            expected_s = (len(waiters) + 1) * home.hold_s / home.max_concurrency
+            if expected_s >= worth_s:
+                return None
+            waiters[key] = now + worth_s - waited_s
+        return Deferred(worth_s - waited_s)
 
     def _session_backend(self, lane: str, session: str, now: float) -> Backend | None:
         """The session's backend: the highest rendezvous weight among the lane's available
@@ -416,12 +500,20 @@ class BackendPool:
             backend.prefilling_s = (
                 sum(s.prefill_s for s in backend._prefilling) if backend._prefilling else 0.0
             )
+            if self.on_prefill_done is not None:
+                self.on_prefill_done(slot)
 
     def give_back(self, slot: Slot) -> None:
         self.prefill_done(slot)
         backend = slot.backend
+        held = self.clock() - slot.dispatched_at
+        backend.hold_s = (
+            held if backend.hold_s is None else backend.hold_s + 0.2 * (held - backend.hold_s)
+        )
         backend.in_flight -= 1
         backend.outstanding_tokens -= slot.prompt_tokens + slot.output_tokens
+        if self.on_give_back is not None:
+            self.on_give_back(slot)
 
     def any_backend(self) -> Backend | None:
         """An available backend for requests that need no slot (model listing)."""

@@ -14,7 +14,7 @@ import pytest
 from gateway.config import LaneSettings
 from gateway.http.errors import status_of
 from gateway.outcomes import Refusal
-from gateway.scheduling.scheduler import PRESSURE_SAMPLES, Grant, Scheduler, WaitNote
+from gateway.scheduling.scheduler import PRESSURE_SAMPLES, Deferred, Grant, Scheduler, WaitNote
 
 
 class CountingSlots:
@@ -30,11 +30,15 @@ class CountingSlots:
         output_tokens: int = 0,
         exclude: object = None,
         hint: object = None,
+        waited_s: float | None = None,
     ) -> object | None:
         if self.free == 0:
             return None
         self.free -= 1
         return object()
+
+    def has_free_slot(self, lane: str) -> bool:
+        return self.free > 0
 
     def prefill_done(self, slot: object) -> None:
         pass
@@ -442,3 +446,36 @@ async def test_a_lanes_drain_rate_counts_the_higher_lanes_that_go_first() -> Non
     assert scheduler.drain_rate("interactive") == pytest.approx(1 / 3)
     # bulk: only one of its own (no rate), plus interactive's.
     assert scheduler.drain_rate("bulk") == pytest.approx(1 / 3)
+
+
+class DeferringSlots(CountingSlots):
+    """Slots for anyone, but a request hinted "home" is deferred until it waited 50 ms."""
+
+    def try_take(
+        self,
+        lane: str,
+        prompt_tokens: int,
+        output_tokens: int = 0,
+        exclude: object = None,
+        hint: object = None,
+        waited_s: float | None = None,
+    ) -> object | None:
+        if self.free and hint == "home" and waited_s is not None and waited_s < 0.05:
+            return Deferred(0.05 - waited_s)
+        return super().try_take(lane, prompt_tokens, output_tokens, exclude, hint)
+
+
+async def test_a_deferred_head_lets_the_requests_behind_it_go_and_is_served_after() -> None:
+    source = DeferringSlots(1)
+    scheduler = Scheduler([LaneSettings(name="only")], {"only": 4}, source)
+    home = asyncio.ensure_future(scheduler.acquire("only", hint="home"))
+    await asyncio.sleep(0)
+    other = asyncio.ensure_future(scheduler.acquire("only"))
+    granted = await asyncio.wait_for(other, 1)
+    assert not home.done(), "the deferred head waits; the request behind it took the slot"
+    scheduler.release(granted)
+    # The slot is free again, but the head is still deferred: it gets it when its wait ends.
+    await asyncio.sleep(0.01)
+    assert not home.done()
+    grant = await asyncio.wait_for(home, 1)
+    assert grant.queued_s >= 0.05

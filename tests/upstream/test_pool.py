@@ -5,11 +5,21 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from gateway.admission.prefix import PromptPrefix, prefix_of
 from gateway.config import LaneSettings, RoutingSettings
-from gateway.scheduling.scheduler import Scheduler
+from gateway.scheduling.scheduler import Deferred, Scheduler
 from gateway.upstream.affinity import rendezvous_weight
-from gateway.upstream.pool import BY_LOAD, BY_PREFIX, BY_SESSION, Backend, BackendPool, RouteHint
+from gateway.upstream.pool import (
+    BY_LOAD,
+    BY_PREFIX,
+    BY_SESSION,
+    Backend,
+    BackendPool,
+    RouteHint,
+    Slot,
+)
 
 
 def test_least_busy_backend_with_a_free_slot_is_chosen() -> None:
@@ -244,3 +254,57 @@ def test_the_prefill_budget_counts_only_the_uncached_part() -> None:
     second = pool.try_take("bulk", 3200, hint=RouteHint(turn))
     assert second is not None and second.prefill_tokens == 200
     assert pool.try_take("bulk", 3000) is None  # an uncached long one still waits
+
+
+def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -> None:
+    backends = [Backend(f"b{n}", f"http://b{n}", 1) for n in range(2)]
+    pool = BackendPool(backends, clock=time.monotonic)
+    first = pool.try_take("x", 2000, hint=RouteHint(conversation("q1", tokens=1000)))
+    assert isinstance(first, Slot)
+    home = first.backend
+    turn = RouteHint(conversation("q1", "a1 q2", tokens=1000))
+    home.hold_s = 0.1  # its slot frees about every 0.1 s
+    # Home is full; the other backend would prefill 2000 tokens more (0.24 s at the prior
+    # 8192 tokens/s): wait for home that long.
+    deferred = pool.try_take("x", 3000, hint=turn, waited_s=0.05)
+    assert isinstance(deferred, Deferred)
+    assert deferred.retry_in_s == pytest.approx(2000 / 8192 - 0.05, abs=0.01)
+    assert all(b.in_flight == (b is home) for b in backends), "nothing was reserved"
+    # A second and a third request for the same home: the third would wait 0.3 s for a
+    # slot there (three releases), more than it saves: it goes elsewhere at once.
+    twin = RouteHint(conversation("q1", "a1 q2", tokens=1000))
+    assert isinstance(pool.try_take("x", 3000, hint=twin, waited_s=0.0), Deferred)
+    third = pool.try_take("x", 3000, hint=RouteHint(twin.prefix), waited_s=0.0)
+    assert isinstance(third, Slot) and third.backend is not home
+    pool.give_back(third)
+    # Waited long enough, or may not wait at all (a retry): the free backend.
+    for waited in (0.3, None):
+        moved = pool.try_take("x", 3000, hint=turn, waited_s=waited)
+        assert isinstance(moved, Slot) and moved.backend is not home
+        pool.give_back(moved)
+    # Home's slot time unknown (nothing ended there yet): no waiting.
+    home.hold_s = None
+    elsewhere = pool.try_take("x", 3000, hint=turn, waited_s=0.0)
+    assert isinstance(elsewhere, Slot)
+    pool.give_back(elsewhere)
+    # A prompt with nothing cached anywhere never waits.
+    other = pool.try_take("x", 3000, hint=RouteHint(conversation("q9")), waited_s=0.0)
+    assert isinstance(other, Slot)
+
+
+def test_max_cache_wait_caps_the_wait_and_zero_turns_it_off() -> None:
+    for cap, expected in ((0.1, 0.1), (0.0, None)):
+        backends = [Backend(f"b{n}", f"http://b{n}", 1) for n in range(2)]
+        pool = BackendPool(
+            backends, routing=RoutingSettings(max_cache_wait_s=cap), clock=time.monotonic
+        )
+        first = pool.try_take("x", 8000, hint=RouteHint(conversation("q1", tokens=4000)))
+        assert isinstance(first, Slot)
+        first.backend.hold_s = 0.01
+        answer = pool.try_take(
+            "x", 9000, hint=RouteHint(conversation("q1", "q2", tokens=4000)), waited_s=0.0
+        )
+        if expected is None:
+            assert isinstance(answer, Slot) and answer.backend is not first.backend
+        else:
+            assert isinstance(answer, Deferred) and answer.retry_in_s == pytest.approx(expected)

@@ -168,6 +168,9 @@ class FreeSlots:
     ) -> object:
         return object()
 
+    def has_free_slot(self, lane: str) -> bool:
+        return True
+
     def prefill_done(self, slot: object) -> None:
         pass
 

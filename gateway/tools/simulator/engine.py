@@ -132,6 +132,11 @@ class Engine:
         self.prefilled_tokens = 0
         self.generated_tokens = 0
         self.busy_s = 0.0
+        #: The most sequences held at once (running + waiting) and the most in the batch, since
+        #: start or `reset_peaks()`: the engine's own count, so a gateway's promise that no
+        #: more than `max_concurrency` requests reach this server is checked by the server.
+        self.in_flight_peak = 0
+        self.running_peak = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -182,8 +187,21 @@ class Engine:
             blocks=blocks,
         )
         self.waiting.append(seq)
+        self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
         self._wakeup.set()
         return seq
+
+    @property
+    def in_flight(self) -> int:
+        """Sequences this engine holds right now, in the batch or queued for it."""
+        return len(self.running) + len(self.waiting)
+
+    def reset_peaks(self) -> dict[str, int]:
+        """Start the peaks again from the current counts (a benchmark's next phase); returns
+        the peaks before the reset."""
+        before = {"in_flight_peak": self.in_flight_peak, "running_peak": self.running_peak}
+        self.in_flight_peak, self.running_peak = self.in_flight, len(self.running)
+        return before
 
     def abort(self, seq: Sequence) -> None:
         """Drop a sequence whose client went away, from the batch or the queue, at once."""
@@ -200,6 +218,9 @@ class Engine:
         return {
             "running": len(self.running),
             "waiting": len(self.waiting),
+            "in_flight": self.in_flight,
+            "in_flight_peak": self.in_flight_peak,
+            "running_peak": self.running_peak,
             "completed": self.completed,
             "aborted": self.aborted,
             "submitted": self.submitted,
@@ -280,6 +301,7 @@ class Engine:
             seq.admitted = self.now()
             self._look_up_prefix(seq)
             self.running.append(seq)
+        self.running_peak = max(self.running_peak, len(self.running))
 
     def _look_up_prefix(self, seq: Sequence) -> None:
         """Pin the prompt's cached leading blocks and skip their prefill, as vLLM schedules.

@@ -6,7 +6,8 @@ the tokenizer live exactly as long as the app) and the routes that are about the
 server rather than one API: `/health`; `/metrics` and `/props`, where real engines
 tell their load and their size (the gateway reads both, and a witness should answer
 them the way the engines do); and `/sim/stats` and `/sim/requests`, which let tests
-check what the gateway actually forwarded.
+check what the gateway actually forwarded (`/sim/stats` keeps the peak of requests
+held at once; `POST /sim/stats/reset-peaks` starts it again).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def build_simulator_app(config: SimulatorConfig) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/props", _props)
     app.router.add_get("/sim/stats", _stats)
+    app.router.add_post("/sim/stats/reset-peaks", _reset_peaks)
     app.router.add_get("/sim/requests", _requests)
     return app
 
@@ -99,6 +101,11 @@ async def _stats(request: web.Request) -> web.Response:
     return web.json_response(
         {"received": state.received, "rejected": state.rejected, **state.engine.stats()}
     )
+
+
+async def _reset_peaks(request: web.Request) -> web.Response:
+    # A benchmark measures the peak of one phase (after Redis came back, say), not of the run.
+    return web.json_response(request.app[STATE_KEY].engine.reset_peaks())
 
 
 async def _requests(request: web.Request) -> web.Response:

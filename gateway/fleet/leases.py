@@ -1,0 +1,428 @@
+"""Slot leases in Redis: each backend's `max_concurrency` (and prefill budget) holds
+across every gateway replica in front of it.
+
+Without them, three replicas in front of a backend with 8 slots put 24
+requests on it, and the engine's own first-come-first-served queue, the thing
+the lanes exist to avoid, comes back. So each replica's scheduler still orders
+its own queues and picks a backend as before, and then, before sending, takes
+a lease on that backend's slot with one Lua call (one round trip, the only one
+on the request path): under the backend's slot limit and its prefill budget in
+seconds, counted over all replicas, or refused. A refused request goes back to
+the front of its lane's line, and this replica's view of the backend (the
+slots and prefill the others hold) is updated from the answer, so its pool
+does not pick that backend again until a slot frees.
+
+Each lease expires `lease_ttl_s` after it was last renewed (Redis time, never a
+replica's clock); the holder renews all of its leases in one pipelined round
+trip per tick, so a crashed replica's slots come back within the TTL. Release
+and the end of prefill are sent in the background, off the request path. A
+release on a backend that some replica was refused on is published, so the
+waiting replicas try again at once instead of at their next tick.
+
+Redis down or slow (`SharedStore`): leases are skipped and each backend counts
+for this replica as only its share of the slots (`Fleet.local_share`). When
+Redis answers again, every slot this replica holds is leased again, with or
+without a lease before, and the counts are global again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.fleet.store import SharedStore, mask_url_password
+from gateway.observability.record import RequestRecord
+from gateway.scheduling.scheduler import Grant, Scheduler
+from gateway.upstream.pool import Backend, BackendPool, Slot
+
+#: Drops leases whose time is up (and their prefill entries); shared by the scripts.
+_EXPIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(expired))
+end
+local function prefill_ms()
+  local sum = 0
+  for _, v in ipairs(redis.call('HVALS', KEYS[2])) do sum = sum + tonumber(v) end
+  return sum
+end
+"""
+
+#: KEYS: slots zset, prefill hash, wanted flag. ARGV: lease, slot limit, ttl ms, this
+#: prompt's predicted prefill ms, prefill budget ms (0: none).
+#: Returns {granted (1, 0: slots full, -1: prefill budget full), leases, prefill ms}.
+ACQUIRE = (
+    _EXPIRE
+    + """
+local ttl = tonumber(ARGV[3])
+local count = redis.call('ZCARD', KEYS[1])
+local prefill = prefill_ms()
+local mine = tonumber(ARGV[4])
+local budget = tonumber(ARGV[5])
+local granted = 1
+if count >= tonumber(ARGV[2]) then
+  granted = 0
+elseif budget > 0 and prefill > 0 and prefill + mine > budget then
+  granted = -1
+end
+if granted ~= 1 then
+  redis.call('SET', KEYS[3], '1', 'PX', ttl * 2)
+  return {granted, count, prefill}
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+if mine > 0 then redis.call('HSET', KEYS[2], ARGV[1], mine) end
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+redis.call('PEXPIRE', KEYS[2], ttl * 4)
+return {1, count + 1, prefill + mine}
+"""
+)
+
+#: KEYS: slots zset, prefill hash, wanted flag. ARGV: lease, 1 to release the slot (0:
+#: only its prefill ended), the channel, the backend's url. Publishes the new counts
+#: when a replica was refused on this backend lately.
+RELEASE = (
+    _EXPIRE
+    + """
+if ARGV[2] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
+redis.call('HDEL', KEYS[2], ARGV[1])
+local count = redis.call('ZCARD', KEYS[1])
+local prefill = prefill_ms()
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. count .. ' ' .. prefill)
+end
+return {count, prefill}
+"""
+)
+
+#: KEYS: slots zset, prefill hash. ARGV: ttl ms, then (lease, prefill ms) pairs: this
+#: replica's leases on the backend, renewed (re-added if they had expired: they still
+#: run). Returns {leases, prefill ms} over all replicas.
+RENEW = (
+    _EXPIRE
+    + """
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+  if tonumber(ARGV[i + 1]) > 0 then redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+end
+if #ARGV > 1 then
+  redis.call('PEXPIRE', KEYS[1], ttl * 4)
+  redis.call('PEXPIRE', KEYS[2], ttl * 4)
+end
+return {redis.call('ZCARD', KEYS[1]), prefill_ms()}
+"""
+)
+
+
+def _ms(seconds: float) -> int:
+    return max(0, math.ceil(seconds * 1000))
+
+
+class SlotLeases:
+    """This replica's leases on the backends' slots, and its view of the others'."""
+
+    def __init__(
+        self,
+        store: SharedStore,
+        pool: BackendPool,
+        scheduler: Scheduler,
+        *,
+        share: Callable[[], float],
+        subscriber: aioredis.Redis | None = None,
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.scheduler = scheduler
+        self.share = share
+        self.ttl_ms = _ms(store.settings.lease_ttl_s)
+        self.channel = store.key("slots-freed")
+        self._acquire = store.script(ACQUIRE)
+        self._release = store.script(RELEASE)
+        self._renew = store.script(RENEW)
+        self._ids = itertools.count()
+        #: Slots this replica holds on each backend, leased or taken while Redis was down.
+        self._held: dict[Backend, set[Slot]] = {b: set() for b in pool.backends}
+        self._by_url = {b.url: b for b in pool.backends}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._subscriber = subscriber
+        self._listener: asyncio.Task[None] | None = None
+        pool.on_prefill_done = self._prefill_done
+        pool.on_give_back = self._given_back
+        self._local = False
+
+    def _keys(self, backend: Backend) -> list[str]:
+        return [
+            self.store.key("slots", backend.url),
+            self.store.key("prefill", backend.url),
+            self.store.key("wanted", backend.url),
+        ]
+
+    # -- the request path ------------------------------------------------------------
+
+    async def take(self, slot: Slot) -> bool:
+        """Lease the slot the scheduler granted; False when the other replicas hold the
+        backend's slots (or its prefill budget): then give it back and wait again.
+        True at once while Redis is down (the slot counts against the local share)."""
+        backend = slot.backend
+        self._held[backend].add(slot)
+        if not self.store.up:
+            self.go_local()
+            return True
+        # Named before the call: a client that leaves while it runs still gets its lease
+        # (if Redis granted it) released when the slot is given back.
+        slot.lease = lease = f"{self.store.replica_id}:{next(self._ids)}"
+        budget_ms = _ms(backend.prefill_budget_s)
+        answer = await self.store.call(
+            "lease",
+            lambda: self._acquire(
+                keys=self._keys(backend),
+                args=[
+                    lease,
+                    backend.slot_limit,
+                    self.ttl_ms,
+                    _ms(slot.prefill_s) if budget_ms else 0,
+                    budget_ms,
+                ],
+            ),
+        )
+        if answer is None:  # Redis failed: this replica is on its share from now on
+            self.go_local()
+            return True
+        granted, count, prefill_ms = (int(x) for x in answer)
+        if granted != 1:
+            slot.lease = None
+            self._held[backend].discard(slot)
+        self._note_counts(backend, count, prefill_ms)
+        return granted == 1
+
+    def adopt(self, slot: Slot) -> None:
+        """A slot taken without asking Redis first (a retry moved to another backend at
+        once, before any byte): lease it in the background, over the limit if need be,
+        since it is already running; a retry is rare and the overshoot ends with it."""
+        self._held[slot.backend].add(slot)
+        if self._local or not self.store.up:
+            return
+        slot.lease = f"{self.store.replica_id}:{next(self._ids)}"
+        backend, args = slot.backend, [self.ttl_ms, slot.lease, _ms(slot.prefill_s)]
+        self._in_background(
+            "lease",
+            lambda: self._renew(keys=self._keys(backend)[:2], args=args),
+            backend,
+        )
+
+    def _prefill_done(self, slot: Slot) -> None:
+        if (
+            slot.lease is not None
+            and slot.prefill_s
+            and slot.backend.prefill_budget_s
+            and (self.store.up)
+        ):
+            self._send(slot, release=False)
+
+    def _given_back(self, slot: Slot) -> None:
+        held = self._held.get(slot.backend)
+        if held is None or slot not in held:
+            return
+        held.discard(slot)
+        if slot.lease is not None and self.store.up:
+            self._send(slot, release=True)
+
+    def _send(self, slot: Slot, *, release: bool) -> None:
+        """Release a lease (or end its prefill) in the background: a lost one only holds
+        the slot until its TTL."""
+        backend, lease = slot.backend, slot.lease
+        args = [lease, "1" if release else "0", self.channel, backend.url]
+        self._in_background(
+            "release" if release else "prefill_done",
+            lambda: self._release(keys=self._keys(backend), args=args),
+            backend,
+        )
+
+    def _in_background(self, op: str, call: Callable[[], Awaitable[Any]], backend: Backend) -> None:
+        """Run a lease call off the request path; its answer updates the counts."""
+
+        async def run() -> None:
+            answer = await self.store.call(op, call)
+            if answer is not None:
+                self._note_counts(backend, int(answer[0]), int(answer[1]))
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- the view of the other replicas ---------------------------------------------
+
+    def _note_counts(self, backend: Backend, leases: int, prefill_ms: int) -> None:
+        """What Redis says is running on `backend`, all replicas together: the rest of
+        what this replica does not hold is the others'. Serves the queues when it fell."""
+        if self._local:
+            return
+        leased = [slot for slot in self._held[backend] if slot.lease is not None]
+        mine_prefill_ms = sum(_ms(slot.prefill_s) for slot in leased if slot.prefilling)
+        others = max(0, leases - len(leased))
+        others_prefill_s = max(0.0, (prefill_ms - mine_prefill_ms) / 1000)
+        fell = others < backend.others_in_flight or others_prefill_s < backend.others_prefilling_s
+        backend.others_in_flight, backend.others_prefilling_s = others, others_prefill_s
+        if fell:
+            self.scheduler.notify_capacity()
+
+    def go_local(self) -> None:
+        """Redis is down: count only this replica's share of each backend's slots."""
+        if self._local:
+            return
+        self._local = True
+        share = self.share()
+        for backend in self.pool.backends:
+            own = max(1, math.floor(backend.max_concurrency * share))
+            backend.others_in_flight = max(0, backend.max_concurrency - own)
+            backend.others_prefilling_s = 0.0
+
+    async def tick(self) -> None:
+        """Renew this replica's leases and refresh the counts: one pipelined round trip."""
+        if self._local:  # Redis came back without the store noticing it went (a rejoin)
+            await self.rejoin()
+            return
+        await self._renew_all()
+
+    async def rejoin(self) -> None:
+        """Redis is back: lease again every slot held now (leased before or not)."""
+        for held in self._held.values():
+            for slot in held:
+                if slot.lease is None:
+                    slot.lease = f"{self.store.replica_id}:{next(self._ids)}"
+        self._local = False
+        await self._renew_all()  # back on the local share if Redis failed again
+
+    async def _renew_all(self) -> bool:
+        backends = self.pool.backends
+
+        async def renew() -> list[Any]:
+            async with self.store.client.pipeline(transaction=False) as pipe:
+                for backend in backends:
+                    args: list[Any] = [self.ttl_ms]
+                    for slot in self._held[backend]:
+                        if slot.lease is not None:
+                            prefill = _ms(slot.prefill_s) if slot.prefilling else 0
+                            args += [slot.lease, prefill]
+                    await self._renew(keys=self._keys(backend)[:2], args=args, client=pipe)
+                return list(await pipe.execute())
+
+        answers = await self.store.call("renew", renew)
+        if answers is None:
+            self.go_local()
+            return False
+        for backend, (leases, prefill_ms) in zip(backends, answers, strict=True):
+            self._note_counts(backend, int(leases), int(prefill_ms))
+        return True
+
+    def global_in_flight(self, backend: Backend) -> int:
+        """Requests on `backend` over all replicas, as last heard (for /debug/backends)."""
+        return backend.in_flight + backend.others_in_flight
+
+    @property
+    def local(self) -> bool:
+        return self._local
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen for releases on contended backends (a connection of its own: it blocks)."""
+        if self._subscriber is None:
+            self._subscriber = aioredis.Redis.from_url(
+                self.store.settings.url, socket_connect_timeout=1.0
+            )
+        self._listener = asyncio.create_task(self._listen(), name="slot-leases-freed")
+
+    async def _listen(self) -> None:
+        assert self._subscriber is not None
+        while True:
+            try:
+                async with self._subscriber.pubsub() as pubsub:
+                    await pubsub.subscribe(self.channel)
+                    while True:
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=1.0
+                        )
+                        if message is not None:
+                            self._freed(message["data"])
+            except (RedisError, OSError):
+                # Redis away: the store falls back; listen again once it may be back.
+                await asyncio.sleep(self.store.settings.interval_s)
+
+    def _freed(self, data: bytes) -> None:
+        try:
+            url, leases, prefill_ms = data.decode().rsplit(" ", 2)
+            backend = self._by_url.get(url)
+            if backend is not None:
+                self._note_counts(backend, int(leases), int(prefill_ms))
+        except ValueError:
+            self.store.events.warning("slot_leases_bad_message", data=repr(data)[:120])
+
+    async def stop(self) -> None:
+        """Give back every lease still held (best effort; the TTL frees the rest)."""
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        for held in self._held.values():
+            for slot in list(held):
+                if slot.lease is not None and self.store.up:
+                    self._send(slot, release=True)
+        if self._background:
+            await asyncio.wait(self._background, timeout=1.0)
+        if self._subscriber is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._subscriber.aclose()
+
+
+async def leased(
+    leases: SlotLeases,
+    scheduler: Scheduler,
+    grant: Grant,
+    record: RequestRecord,
+    *,
+    prompt_tokens: int,
+    output_tokens: int,
+    deadline_s: float,
+    hint: Any = None,
+) -> Grant:
+    """`grant` with its slot leased; while the other replicas hold that backend's slots,
+    the request waits again at the front of its line (within its queue deadline) for
+    another slot. The time spent on Redis goes to the log line's `lease_ms`."""
+    spent = 0.0
+    try:
+        while True:
+            started = time.perf_counter()
+            taken = await leases.take(grant.slot)
+            spent += time.perf_counter() - started
+            if taken:
+                return grant
+            grant = await scheduler.requeue(
+                grant, prompt_tokens, output_tokens, deadline_s=deadline_s, hint=hint
+            )
+    finally:
+        record.lease_ms = round(spent * 1000, 3)
+
+
+def describe(leases: SlotLeases | None, backend: Backend) -> dict[str, Any]:
+    """The lease figures of a backend for /debug/backends."""
+    if leases is None:
+        return {}
+    return {
+        "fleet_in_flight": leases.global_in_flight(backend),
+        "others_in_flight": backend.others_in_flight,
+        "others_prefilling_s": round(backend.others_prefilling_s, 3),
+        "shared_state": "local" if leases.local else "redis",
+        "redis_url": mask_url_password(leases.store.settings.url),
+    }

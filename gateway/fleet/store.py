@@ -1,0 +1,155 @@
+"""The one Redis connection of a replica, and whether it can be trusted right now.
+
+Every call goes through `SharedStore.call`: bounded by `[redis] timeout_s`, and
+never raising. A failure or a timeout marks the store *down* (one warning, the
+`gateway_redis_up` gauge at 0, `gateway_redis_errors_total{op}` counted) and
+the callers fall back to their local state; the fleet's tick tries Redis again
+and marks it *up* when it answers (one info line), and the callers rejoin.
+Requests never fail because Redis did: the worst a slow Redis can add to one
+is `timeout_s`, once, after which nobody waits for it until it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.exceptions import RedisError
+
+from gateway.config import RedisSettings
+
+T = TypeVar("T")
+
+#: Connections to Redis per replica: calls beyond wait for one (each holds it a round trip).
+POOL_CONNECTIONS = 16
+
+_PASSWORD = re.compile(r"^(?P<scheme>[a-z]+://)(?P<user>[^:@/]*):[^@/]*@", re.IGNORECASE)
+
+
+def mask_url_password(url: str) -> str:
+    """`redis://user:secret@host` as `redis://user:***@host` (for check-config, logs)."""
+    return _PASSWORD.sub(r"\g<scheme>\g<user>:***@", url)
+
+
+class SharedStore:
+    """A replica's Redis client, its up/down state, and its id in the fleet."""
+
+    def __init__(
+        self,
+        settings: RedisSettings,
+        *,
+        events: Any,
+        registry: CollectorRegistry,
+        client: aioredis.Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.events = events
+        #: Unique per process and start: leases and signals are this replica's.
+        self.replica_id = f"{os.uname().nodename[:32]}-{os.getpid()}-{os.urandom(3).hex()}"
+        self.client = client or aioredis.Redis(
+            # A bounded pool that makes callers wait for a connection: redis-py's default
+            # raises past 100 connections, and a cold burst opening one connection per
+            # call took ~0.2 s for 200 calls (16 connections: 25 ms), which would trip the
+            # timeout and send the replica to local state.
+            connection_pool=aioredis.BlockingConnectionPool.from_url(
+                settings.url,
+                max_connections=POOL_CONNECTIONS,
+                timeout=settings.timeout_s,
+                socket_timeout=settings.timeout_s,
+                socket_connect_timeout=max(settings.timeout_s, 0.5),
+                # A fresh connection per retry would only double the wait: fail, fall back.
+                retry_on_timeout=False,
+                health_check_interval=0,
+            )
+        )
+        #: Redis answered the last call (optimistic until the first one).
+        self.up = True
+        #: Called after the store comes back up (the callers re-register their state).
+        self.on_up: list[Callable[[], Awaitable[None]]] = []
+        self._up_gauge = Gauge(
+            "gateway_redis_up",
+            "1 while this replica's shared state is in Redis; 0 while it runs on local "
+            "state (Redis unreachable or slow).",
+            registry=registry,
+        )
+        self._up_gauge.set(1)
+        self._errors = Counter(
+            "gateway_redis_errors",
+            "Redis calls that failed or timed out, by operation (each one fell back to "
+            "local state).",
+            ["op"],
+            registry=registry,
+        )
+        self._error_children: dict[str, Any] = {}
+
+    def key(self, *parts: str) -> str:
+        """A key under the fleet's prefix: `llmgw:slots:<backend>`."""
+        return ":".join((self.settings.key_prefix, *parts))
+
+    def script(self, lua: str) -> Any:
+        """A Lua script run by its SHA (EVALSHA, loaded on first use)."""
+        return self.client.register_script(lua)
+
+    async def call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        """`fn()` within the timeout; None (and the store down) when it failed.
+
+        While the store is down nothing is tried (None at once): only `ping`, from the
+        fleet's tick, brings it back.
+        """
+        if not self.up:
+            return None
+        return await self._attempt(op, fn)
+
+    async def _attempt(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                return await fn()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(op, exc)
+            return None
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        child = self._error_children.get(op)
+        if child is None:
+            child = self._error_children[op] = self._errors.labels(op)
+        child.inc()
+        if self.up:
+            self.up = False
+            self._up_gauge.set(0)
+            self.events.warning(
+                "redis_unavailable",
+                op=op,
+                error=f"{type(exc).__name__}: {exc}"[:200],
+                hint="running on local state (this replica's share of each backend's "
+                "slots and of each quota) until Redis answers again",
+            )
+
+    async def ping(self) -> bool:
+        """Try Redis (also while down); on the way back up, let the callers rejoin."""
+        was_up = self.up
+        if not was_up:
+            # A restarted Redis closed every pooled connection: drop them all now, or each
+            # would fail once on its next use and send the replica back to local state.
+            with contextlib.suppress(RedisError, OSError):
+                await self.client.connection_pool.disconnect()
+        answered = await self._attempt("ping", self.client.ping) is not None
+        if answered and not was_up:
+            self.up = True
+            for rejoin in self.on_up:
+                await rejoin()
+            if self.up:  # a rejoin may have failed again
+                self._up_gauge.set(1)
+                self.events.info("redis_rejoined", url=mask_url_password(self.settings.url))
+        return answered and self.up
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except (RedisError, OSError):
+            pass

@@ -1,0 +1,168 @@
+"""Slot leases against a real Redis: several replicas (each its own store, pool and
+scheduler, as in separate processes) share one backend's slots and prefill budget."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from gateway.config import LaneSettings, RedisSettings
+from gateway.fleet.leases import SlotLeases
+from gateway.fleet.store import SharedStore, mask_url_password
+from gateway.observability.logs import make_logger
+from gateway.scheduling.scheduler import Scheduler
+from gateway.upstream.pool import Backend, BackendPool
+from tests.helpers import eventually
+from tests.redis_server import RedisServer
+
+URL = "http://engine.test:8000"
+#: Prompt tokens the prior rate (8192 tok/s) predicts at 0.25-0.5 s of prefill.
+LONG_PROMPT = 3000
+
+
+class Replica:
+    """One replica's parts: store, pool (one backend), scheduler, leases."""
+
+    def __init__(self, redis_url: str, *, slots: int = 3, budget_s: float = 0.0, **redis: Any):
+        settings = RedisSettings(url=redis_url, **redis)
+        self.events = make_logger(open("/dev/null", "w"))
+        self.store = SharedStore(settings, events=self.events, registry=CollectorRegistry())
+        self.backend = Backend("b0", URL, max_concurrency=slots, prefill_budget_s=budget_s)
+        self.pool = BackendPool([self.backend], clock=time.monotonic)
+        self.scheduler = Scheduler(
+            [LaneSettings(name="all", queue_timeout_s=5.0)], {"all": slots}, self.pool
+        )
+        self.pool.on_available = self.scheduler.notify_capacity
+        self.notified = 0
+        notify = self.scheduler.notify_capacity
+
+        def counting() -> None:
+            self.notified += 1
+            notify()
+
+        self.scheduler.notify_capacity = counting  # type: ignore[method-assign]
+        self.leases = SlotLeases(self.store, self.pool, self.scheduler, share=lambda: 0.5)
+        self.store.on_up.append(self.leases.rejoin)
+
+    def take_local(self, prompt_tokens: int = 100) -> Any:
+        return self.pool.try_take("all", prompt_tokens)
+
+    async def close(self) -> None:
+        await self.leases.stop()
+        await self.store.close()
+
+
+@pytest.fixture
+async def replicas(redis_server: RedisServer) -> Any:
+    made: list[Replica] = []
+
+    def make(**knobs: Any) -> Replica:
+        replica = Replica(redis_server.url, **knobs)
+        made.append(replica)
+        return replica
+
+    yield make
+    for replica in made:
+        await replica.close()
+
+
+async def test_concurrent_leases_never_exceed_the_slots(replicas: Any) -> None:
+    fleet = [replicas(slots=3) for _ in range(3)]
+    taken = [(replica, replica.take_local()) for replica in fleet for _ in range(3)]
+    assert all(slot is not None for _, slot in taken), "each replica believes it has 3"
+    granted = await asyncio.gather(*(replica.leases.take(slot) for replica, slot in taken))
+    assert sum(granted) == 3
+    for (replica, slot), ok in zip(taken, granted, strict=True):
+        assert (slot.lease is not None) == ok
+        if not ok:
+            replica.pool.give_back(slot)
+    # Each replica now counts the slots the others hold: none offers the backend.
+    for replica in fleet:
+        assert replica.backend.in_flight + replica.backend.others_in_flight == 3
+        assert replica.take_local() is None
+
+
+async def test_a_release_is_published_to_the_replicas_that_were_refused(replicas: Any) -> None:
+    first, second = replicas(slots=1), replicas(slots=1)
+    await second.leases.start()
+    await asyncio.sleep(0.1)  # subscribed
+    held = first.take_local()
+    assert await first.leases.take(held)
+    refused = second.take_local()
+    assert not await second.leases.take(refused)
+    second.pool.give_back(refused)
+    assert second.backend.others_in_flight == 1 and second.take_local() is None
+    before = second.notified
+    first.pool.give_back(held)  # released in the background, published
+    await eventually(lambda: second.backend.others_in_flight == 0, within_s=2)
+    assert second.notified > before, "the waiting replica serves its queue at once"
+    slot = second.take_local()
+    assert slot is not None and await second.leases.take(slot)
+
+
+async def test_the_prefill_budget_holds_across_replicas(replicas: Any) -> None:
+    first, second = replicas(slots=4, budget_s=0.5), replicas(slots=4, budget_s=0.5)
+    long_one = first.take_local(LONG_PROMPT)
+    assert 0.25 < long_one.prefill_s <= 0.5, "predicted by the prior prefill rate"
+    assert await first.leases.take(long_one)
+    other = second.take_local(LONG_PROMPT)
+    assert not await second.leases.take(other), "0.8 s of prefill is over the 0.5 s budget"
+    second.pool.give_back(other)
+    assert second.backend.others_prefilling_s == pytest.approx(long_one.prefill_s, abs=0.01)
+    first.pool.prefill_done(long_one)  # its first byte came: the budget is free again
+    await asyncio.sleep(0.1)
+    await second.leases.tick()
+    assert second.backend.others_prefilling_s == 0
+    again = second.take_local(LONG_PROMPT)
+    assert again is not None and await second.leases.take(again)
+
+
+async def test_leases_expire_unless_renewed(replicas: Any, redis_server: RedisServer) -> None:
+    keeper = replicas(slots=2, lease_ttl_s=0.5)
+    crashed = replicas(slots=2, lease_ttl_s=0.5)
+    kept, lost = keeper.take_local(), crashed.take_local()
+    assert await keeper.leases.take(kept) and await crashed.leases.take(lost)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        for _ in range(4):  # 1 s: the keeper renews, the crashed one does not
+            await asyncio.sleep(0.25)
+            await keeper.leases.tick()
+        assert keeper.backend.others_in_flight == 0, "the crashed replica's slot came back"
+        assert await client.zcard(f"llmgw:slots:{URL}") == 1
+    finally:
+        await client.aclose()
+
+
+async def test_redis_down_falls_back_to_the_share_and_rejoins(
+    replicas: Any, redis_server: RedisServer
+) -> None:
+    replica = replicas(slots=4)
+    assert await replica.store.ping()
+    redis_server.kill()
+    slot = replica.take_local()
+    assert await replica.leases.take(slot), "Redis down: the request goes on"
+    assert not replica.store.up and replica.leases.local
+    assert replica.backend.others_in_flight == 2, "half of 4 slots is this replica's share"
+    other = replica.take_local()
+    assert other is not None and await replica.leases.take(other)
+    assert replica.take_local() is None
+    redis_server.start()
+    assert await replica.store.ping()  # the fleet's tick: rejoins
+    assert replica.store.up and not replica.leases.local
+    assert replica.backend.others_in_flight == 0
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert await client.zcard(f"llmgw:slots:{URL}") == 2, "both running slots leased again"
+    finally:
+        await client.aclose()
+
+
+def test_a_password_in_the_url_is_masked() -> None:
+    assert mask_url_password("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
+    assert mask_url_password("redis://:s3cret@host") == "redis://:***@host"
+    assert mask_url_password("redis://host:6379") == "redis://host:6379"

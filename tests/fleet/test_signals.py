@@ -1,0 +1,295 @@
+"""Fleet signals over a real redis-server: three replicas (three stores, three real
+schedulers over counted slots) publish their queueing and each exports the same view.
+
+The ticks are called by hand (`Fleet.tick`, what the fleet's timer calls), so the
+test decides who has published; expiry and liveness are real Redis time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+
+from gateway.config import LaneSettings, RedisSettings
+from gateway.fleet.fleet import Fleet
+from gateway.fleet.signals import FleetSignals, ReplicaFigures, combine, decode_figures
+from gateway.fleet.store import SharedStore
+from gateway.observability.logs import make_logger
+from gateway.scheduling.scheduler import Grant, Scheduler
+from tests.redis_server import RedisServer
+from tests.scheduling.test_scheduler import Clock, CountingSlots, settle
+
+#: Fast ticks: a replica's figures expire 3 ticks (0.6 s) after it last published.
+TICK_S = 0.2
+LANES = ("interactive", "bulk")
+
+
+@dataclass
+class Replica:
+    """One gateway replica's fleet parts, without the HTTP around them."""
+
+    store: SharedStore
+    fleet: Fleet
+    signals: FleetSignals
+    scheduler: Scheduler
+    clock: Clock
+    registry: CollectorRegistry
+    log: io.StringIO
+    draining: bool = False
+    held: list[Grant] = field(default_factory=list)
+    waiting: list[asyncio.Task[Grant]] = field(default_factory=list)
+
+    def sample(self, name: str, lane: str | None = None) -> float | None:
+        return self.registry.get_sample_value(name, {"lane": lane} if lane else {})
+
+    async def hold(self, lane: str, count: int) -> None:
+        self.held += [await self.scheduler.acquire(lane) for _ in range(count)]
+
+    async def queue(self, lane: str, count: int) -> None:
+        self.waiting += [asyncio.create_task(self.scheduler.acquire(lane)) for _ in range(count)]
+        await settle()
+
+    async def learn_hold_time(self, lane: str, seconds: float) -> None:
+        """One request held a slot `seconds` (the scheduler's clock): waits become
+        predictable."""
+        grant = await self.scheduler.acquire(lane)
+        self.clock.advance(seconds)
+        self.scheduler.release(grant)
+
+    async def close(self) -> None:
+        for task in self.waiting:
+            task.cancel()
+        await asyncio.gather(*self.waiting, return_exceptions=True)
+        await self.store.close()
+
+
+def make_replica(url: str, slots: int) -> Replica:
+    settings = RedisSettings(url=url, tick_s=TICK_S)
+    log = io.StringIO()
+    registry = CollectorRegistry()
+    store = SharedStore(settings, events=make_logger(log), registry=registry)
+    fleet = Fleet(settings, store)
+    clock = Clock()
+    lanes = [LaneSettings(name=name, queue_timeout_s=30) for name in LANES]
+    scheduler = Scheduler(lanes, dict.fromkeys(LANES, slots), CountingSlots(slots), clock=clock)
+    replica: Replica
+    signals = FleetSignals(store, fleet, scheduler, draining=lambda: replica.draining)
+    signals.install(registry)
+    replica = Replica(store, fleet, signals, scheduler, clock, registry, log)
+    return replica
+
+
+@pytest.fixture
+async def replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
+    made = [make_replica(redis_server.url, slots) for slots in (2, 1, 4)]
+    yield made
+    for replica in made:
+        await replica.close()
+
+
+async def tick_all(replicas: list[Replica], rounds: int = 2) -> None:
+    """Every replica publishes; the second round lets each read all the others."""
+    for _ in range(rounds):
+        for replica in replicas:
+            await replica.fleet.tick()
+
+
+async def test_every_replica_exports_the_fleet_s_sums_and_worst_wait(
+    replicas: list[Replica],
+) -> None:
+    a, b, c = replicas
+    # a: 2 slots, both held, 3 waiting (hold time 2 s learned: 2 s per place / 2 slots).
+    await a.learn_hold_time("interactive", 2.0)
+    await a.learn_hold_time("bulk", 1.0)  # bulk waits behind a's interactive queue
+    await a.hold("interactive", 2)
+    await a.queue("interactive", 3)
+    # b: 1 slot held by bulk, 1 bulk waiting (hold 6 s learned: the worst bulk wait).
+    await b.learn_hold_time("bulk", 6.0)
+    await b.hold("bulk", 1)
+    await b.queue("bulk", 1)
+    # c: idle, draining.
+    c.draining = True
+    await tick_all(replicas)
+
+    waits = {lane: [r.scheduler.predicted_wait_s(lane) for r in replicas] for lane in LANES}
+    assert waits["interactive"][0] == pytest.approx(4 * 2.0 / 2)  # 4th place, 1 s each
+    assert waits["bulk"][1] == pytest.approx(2 * 6.0)  # 2nd place, 6 s each
+    assert waits["bulk"][0] == pytest.approx(4 * 1.0 / 2)  # behind 3 interactive
+    assert waits["interactive"][2] == waits["bulk"][2] == 0.0  # c: starts at once
+    for replica in replicas:
+        assert replica.fleet.replicas_seen == 3
+        assert replica.sample("gateway_fleet_replicas") == 3
+        assert replica.sample("gateway_fleet_replicas_draining") == 1
+        assert replica.sample("gateway_fleet_queue_depth", "interactive") == 3
+        assert replica.sample("gateway_fleet_queue_depth", "bulk") == 1
+        assert replica.sample("gateway_fleet_in_flight", "interactive") == 2
+        assert replica.sample("gateway_fleet_in_flight", "bulk") == 1
+        for lane in LANES:
+            expected = max(w or 0.0 for w in waits[lane])
+            assert replica.sample("gateway_fleet_predicted_wait_seconds", lane) == (
+                pytest.approx(expected)
+            ), lane
+        age = replica.sample("gateway_fleet_view_age_seconds")
+        assert age is not None and 0 <= age < 2
+
+    # This replica's own figures are read live at scrape time, the others' at the tick.
+    a.scheduler.release(a.held.pop())
+    await settle()  # one waiter got the slot
+    assert a.sample("gateway_fleet_queue_depth", "interactive") == 2
+    assert b.sample("gateway_fleet_queue_depth", "interactive") == 3  # until a publishes
+    await tick_all(replicas, rounds=1)
+    assert b.sample("gateway_fleet_queue_depth", "interactive") == 2
+
+
+async def test_a_replica_that_stops_ticking_leaves_the_view_after_its_expiry(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    a, b, c = replicas
+    await c.hold("bulk", 3)
+    await tick_all(replicas)
+    assert a.fleet.replicas_seen == 3
+    assert a.sample("gateway_fleet_in_flight", "bulk") == 3
+    expiry_s = c.signals.expiry_s
+    assert expiry_s == pytest.approx(3 * TICK_S)
+
+    # c stops ticking (as if killed); a and b go on at their pace.
+    loop = asyncio.get_running_loop()
+    stopped_at = loop.time()
+    while loop.time() - stopped_at < expiry_s + 4 * TICK_S:
+        await tick_all([a, b], rounds=1)
+        await asyncio.sleep(TICK_S)
+    for replica in (a, b):
+        assert replica.fleet.replicas_seen == 2
+        assert replica.sample("gateway_fleet_replicas") == 2
+        assert replica.sample("gateway_fleet_in_flight", "bulk") == 0
+    assert a.fleet.local_share() == pytest.approx(0.5)
+
+    # In Redis itself: c is out of the live set and its figures are gone.
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        members: list[Any] = list(await client.zrange(a.store.key("replicas"), 0, -1))
+        live = {member.decode() for member in members}
+        assert live == {a.store.replica_id, b.store.replica_id}
+        assert not await client.exists(c.store.key("replica", c.store.replica_id))
+        assert await client.exists(a.store.key("replica", a.store.replica_id))
+        ttl_ms = await client.pttl(a.store.key("replicas"))
+        assert 0 < ttl_ms <= expiry_s * 1000 + 50, "the live set would outlive its members"
+    finally:
+        await client.aclose()
+
+    # c comes back: it is counted again at once.
+    await tick_all(replicas)
+    assert a.fleet.replicas_seen == 3 and a.sample("gateway_fleet_in_flight", "bulk") == 3
+
+
+async def test_redis_stopped_leaves_a_local_view_whose_age_grows_then_rejoins(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    a, b, _ = replicas
+    await a.hold("interactive", 1)
+    await b.hold("interactive", 1)
+    await b.queue("interactive", 2)
+    await tick_all([a, b])
+    assert a.sample("gateway_fleet_replicas") == 2
+    assert a.sample("gateway_fleet_queue_depth", "interactive") == 2
+
+    redis_server.stop()
+    await tick_all([a, b], rounds=1)  # fails, falls back: no exception
+    await a.fleet.tick()  # while down: only a ping, which fails too
+    assert not a.store.up and not b.store.up
+    assert a.sample("gateway_redis_up") == 0
+    assert '"redis_unavailable"' in a.log.getvalue()
+    # The view is a alone: its own slot, none of b's queue.
+    assert a.sample("gateway_fleet_replicas") == 1
+    assert a.sample("gateway_fleet_queue_depth", "interactive") == 0
+    assert a.sample("gateway_fleet_in_flight", "interactive") == 1
+    # The replica count for the local share is the last one seen.
+    assert a.fleet.replicas_seen == 2 and a.fleet.local_share() == pytest.approx(0.5)
+    first = a.sample("gateway_fleet_view_age_seconds")
+    await asyncio.sleep(0.5)
+    later = a.sample("gateway_fleet_view_age_seconds")
+    assert first is not None and later is not None and later >= first + 0.4
+
+    # Redis back (empty: it kept nothing): each replica rejoins on its next tick and
+    # publishes at once, and the view is the fleet's again.
+    redis_server.start()
+    await tick_all([a, b], rounds=1)
+    assert a.store.up and b.store.up
+    assert b.sample("gateway_fleet_replicas") == 2  # b rejoined after a had published
+    await tick_all([a, b], rounds=1)
+    assert a.sample("gateway_fleet_replicas") == 2
+    assert a.sample("gateway_fleet_queue_depth", "interactive") == 2
+    age = a.sample("gateway_fleet_view_age_seconds")
+    assert age is not None and age < 1
+
+
+async def test_a_stale_view_is_dropped_even_while_redis_is_up(replicas: list[Replica]) -> None:
+    """Ticks that stop (a stuck loop, a dead timer) must not export old figures as live."""
+    a, b, _ = replicas
+    await b.hold("bulk", 1)
+    await tick_all([a, b])
+    assert a.sample("gateway_fleet_in_flight", "bulk") == 1
+    await asyncio.sleep(a.signals.expiry_s + 0.2)
+    assert a.store.up
+    assert a.sample("gateway_fleet_replicas") == 1
+    assert a.sample("gateway_fleet_in_flight", "bulk") == 0
+
+
+async def test_garbled_figures_of_another_replica_count_it_but_add_nothing(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    a, b, _ = replicas
+    await a.hold("bulk", 1)
+    await tick_all([a, b])
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        key = b.store.key("replica", b.store.replica_id)
+        for garbage in (
+            b"not json",
+            b'{"lanes": {"bulk": {"queue_depth": -5}}}',
+            b'{"lanes": {"bulk": {"in_flight": "many"}}}',
+            b'{"lanes": []}',
+            b"\xff\xfe",
+        ):
+            await client.set(key, garbage, px=5000)
+            await a.fleet.tick()
+            assert a.store.up, garbage
+            assert a.sample("gateway_fleet_replicas") == 2, garbage
+            assert a.sample("gateway_fleet_in_flight", "bulk") == 1, garbage
+        # Unknown fields (a newer replica) are ignored; known ones still count.
+        await client.set(
+            key, b'{"lanes": {"bulk": {"in_flight": 2, "future": 1}}, "x": {}}', px=5000
+        )
+        await a.fleet.tick()
+        assert a.sample("gateway_fleet_in_flight", "bulk") == 3
+    finally:
+        await client.aclose()
+
+
+def test_combine_sums_depths_and_takes_the_worst_known_wait() -> None:
+    def figures(**lanes: Any) -> ReplicaFigures:
+        return msgspec.convert({"lanes": lanes}, ReplicaFigures)
+
+    view = combine(
+        [
+            figures(interactive={"queue_depth": 2, "in_flight": 1, "predicted_wait_s": 0.5}),
+            figures(interactive={"queue_depth": 1, "predicted_wait_s": 3.0}, bulk={}),
+            figures(interactive={"predicted_wait_s": 0.0}, bulk={"predicted_wait_s": 0.0}),
+            None,
+        ]
+    )
+    assert view.replicas == 4
+    assert view.queue_depth == {"interactive": 3, "bulk": 0}
+    assert view.in_flight == {"interactive": 1, "bulk": 0}
+    # bulk: one replica has no estimate yet (no free slot, no waits measured); the
+    # others' 0 s is real (a free slot there: a request would start at once).
+    assert view.predicted_wait_s == {"interactive": 3.0, "bulk": 0.0}
+    assert decode_figures(b'{"lanes": {"a": {"predicted_wait_s": -1}}}') is None

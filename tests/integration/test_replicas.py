@@ -1,0 +1,224 @@
+"""Several gateway replicas as one: slot leases in a real Redis.
+
+Two gateways (in this process, each with its own pool and scheduler) or
+gateway processes share a real `redis-server` and one simulator. The
+simulator's own peak count of requests held at once is the witness: with
+leases it never goes over the backend's `max_concurrency`, without them it
+does. Redis stopped mid-run costs no request; a replica killed with SIGKILL
+gives its slots back within the lease TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from msgspec.structs import replace
+
+from gateway.config import RedisSettings, Settings
+from tests.conftest import (
+    RunningGateway,
+    StartGateway,
+    StartSimulator,
+    chat,
+    free_port,
+    wait_ready,
+)
+from tests.helpers import eventually
+from tests.redis_server import RedisServer
+
+ROUTE = "/v1/chat/completions"
+SLOTS = 2
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def shared(url: str | None, **redis: Any) -> Any:
+    def configure(settings: Settings) -> Settings:
+        settings = replace(settings, health=replace(settings.health, interval_s=60))
+        if url is None:
+            return settings
+        return replace(settings, redis=RedisSettings(url=url, **redis))
+
+    return configure
+
+
+async def two_replicas(
+    start_gateway: StartGateway, backend: str, redis_url: str | None, **redis: Any
+) -> list[RunningGateway]:
+    return [
+        await start_gateway([backend], max_concurrency=SLOTS, configure=shared(redis_url, **redis))
+        for _ in range(2)
+    ]
+
+
+async def sim_stats(http: aiohttp.ClientSession, backend: str) -> dict[str, Any]:
+    async with http.get(backend + "/sim/stats") as response:
+        stats: dict[str, Any] = await response.json()
+    return stats
+
+
+async def stream(http: aiohttp.ClientSession, url: str, max_tokens: int = 40) -> int:
+    body = chat("Tell me a story.", stream=True, max_tokens=max_tokens)
+    async with http.post(url + ROUTE, json=body) as response:
+        await response.read()
+        return response.status
+
+
+async def burst(
+    http: aiohttp.ClientSession, replicas: list[RunningGateway], count: int
+) -> list[int]:
+    return list(
+        await asyncio.gather(*(stream(http, replicas[i % len(replicas)].url) for i in range(count)))
+    )
+
+
+async def test_leases_hold_the_backends_slots_across_replicas(
+    redis_server: RedisServer,
+    start_gateway: StartGateway,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+) -> None:
+    backend = await start_simulator_at()
+    replicas = await two_replicas(start_gateway, backend, redis_server.url)
+    statuses = await burst(http, replicas, 12)
+    assert statuses == [200] * 12
+    stats = await sim_stats(http, backend)
+    assert stats["in_flight_peak"] <= SLOTS, stats
+    assert stats["completed"] == 12
+    lines = [line for r in replicas for line in r.request_lines()]
+    assert all(line["lease_ms"] is not None for line in lines)
+    # Both replicas served (the queue of each waited for the other's slots).
+    assert all(r.request_lines() for r in replicas)
+    for replica in replicas:
+        assert replica.state.in_flight == 0
+        assert all(b.free_slots >= 0 for b in replica.state.pool.backends)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        assert await client.zcard(f"llmgw:slots:{backend}") == 0, "every lease was given back"
+    finally:
+        await client.aclose()
+
+
+async def test_without_redis_the_replicas_overshoot(
+    start_gateway: StartGateway,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+) -> None:
+    """The control: each replica believes it owns every slot."""
+    backend = await start_simulator_at()
+    replicas = await two_replicas(start_gateway, backend, None)
+    assert await burst(http, replicas, 12) == [200] * 12
+    assert (await sim_stats(http, backend))["in_flight_peak"] == 2 * SLOTS
+
+
+async def test_redis_stopped_mid_run_costs_no_request(
+    redis_server: RedisServer,
+    start_gateway: StartGateway,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+) -> None:
+    backend = await start_simulator_at()
+    replicas = await two_replicas(
+        start_gateway, backend, redis_server.url, lease_ttl_s=1.0, tick_s=0.2
+    )
+    running = asyncio.ensure_future(burst(http, replicas, 8))
+    await asyncio.sleep(0.2)
+    redis_server.kill()
+    during = await burst(http, replicas, 8)
+    assert await running == [200] * 8
+    assert during == [200] * 8
+    for replica in replicas:
+        fleet = replica.state.fleet
+        assert fleet is not None and fleet.leases is not None
+        assert not fleet.store.up and fleet.leases.local
+        # With two replicas seen... or none: its share is at least one slot.
+        assert replica.state.pool.backends[0].free_slots >= 1
+        async with http.get(replica.url + "/metrics") as response:
+            assert "gateway_redis_up 0.0" in await response.text()
+    warnings = [
+        line for r in replicas for line in r.log_lines() if line.get("event") == "redis_unavailable"
+    ]
+    assert not warnings, "lifecycle events go to stderr, not the request log"
+    redis_server.start()
+    await eventually(
+        lambda: all(r.state.fleet is not None and r.state.fleet.store.up for r in replicas)
+    )
+    await asyncio.sleep(0.3)
+    async with http.post(backend + "/sim/stats/reset-peaks") as response:
+        assert response.status == 200
+    assert await burst(http, replicas, 12) == [200] * 12
+    assert (await sim_stats(http, backend))["in_flight_peak"] <= SLOTS
+
+
+def gateway_process(config: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+async def test_a_killed_replica_gives_its_slots_back_within_the_ttl(
+    redis_server: RedisServer,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+) -> None:
+    backend = await start_simulator_at(step_base_ms=20.0)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f"""
+[[backends]]
+url = "{backend}"
+max_concurrency = {SLOTS}
+
+[health]
+probe_on_start = false
+
+[redis]
+url = "{redis_server.url}"
+lease_ttl_s = 1.5
+"""
+    )
+    port = free_port()
+    process = gateway_process(config, port)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await wait_ready(http, url, timeout_s=20)
+        streams = [asyncio.ensure_future(stream(http, url, max_tokens=400)) for _ in range(SLOTS)]
+        key = f"llmgw:slots:{backend}"
+
+        async def all_leased() -> bool:
+            return bool(await client.zcard(key) == SLOTS)
+
+        await eventually(all_leased)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=5)
+        killed = time.monotonic()
+        while await client.zcard(key) and time.monotonic() - killed < 5:
+            # Expired leases leave the set when someone looks (a replica's tick, a lease).
+            seconds, micros = await client.time()  # Redis time: what the leases expire by
+            await client.zremrangebyscore(key, "-inf", seconds * 1000 + micros // 1000)
+            await asyncio.sleep(0.05)
+        back_after = time.monotonic() - killed
+        assert await client.zcard(key) == 0
+        assert back_after <= 1.5 + 0.2, back_after
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=5)
+        await client.aclose()
