@@ -82,5 +82,10 @@ bench-shadow: $(STAMP)
 bench-cache: $(STAMP)
 	$(PY) scripts/bench_cache.py $(ARGS)
 
+.PHONY: bench-replicas
+## bench-replicas: 3 gateway replicas sharing Redis: slots, quota, SIGKILL, Redis outage, lease cost, ~6 min (ARGS=--quick ~3)
+bench-replicas: $(STAMP)
+	$(PY) scripts/bench_replicas.py $(ARGS)
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

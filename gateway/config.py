@@ -235,11 +235,12 @@ class RoutingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     cache_load_margin: Annotated[float, _rule("be in [0, 1]", ge=0, le=1)] = 0.5
     #: Tokens of prefixes remembered per backend (its engine's cache is bounded too).
     prefix_memory_tokens: Positive = 262_144
-    #: Longest a request waits for the backend that has its prefix cached while that one
-    #: is full, rather than take a free slot elsewhere and prefill it all again. Each
-    #: request waits at most the prefill it would save there (predicted), so a hot prefix
-    #: spreads after one prefill's time; requests behind it are served meanwhile. 0: never.
-    max_cache_wait_s: Annotated[float, _rule("be from 0 to 30", ge=0, le=30)] = 2.0
+    #: Longest a request waits for a busy backend that would still give it a sooner first
+    #: token than a free one: its prompt cached there, or a faster engine. Each waits
+    #: at most what it would gain (predicted), and only as many wait for a backend as
+    #: its slots free for in time, so a hot prefix or a fast engine does not draw a
+    #: pile-up; requests behind them in line are served meanwhile. 0: never wait.
+    max_wait_for_sooner_s: Annotated[float, _rule("be from 0 to 60", ge=0, le=60)] = 5.0
     #: Choose the lane by the prompt's uncached part (a long prompt that is mostly cached
     #: is a short request for the engine). Off: the lane is chosen by the whole prompt.
     lane_by_uncached_tokens: bool = False

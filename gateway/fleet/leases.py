@@ -125,6 +125,31 @@ return {redis.call('ZCARD', KEYS[1]), prefill_ms()}
 )
 
 
+#: KEYS: the fleet's waiting set. ARGV: ttl ms, channel ('' : do not publish), then
+#: (member, '1' add | '0' remove) pairs; a member is "<lane index>|<replica>": that
+#: replica has requests of that lane waiting. Publishes when the set changed; returns
+#: the live members.
+WAITING = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local ttl = tonumber(ARGV[1])
+local changed = false
+for i = 3, #ARGV, 2 do
+  if ARGV[i + 1] == '1' then
+    if redis.call('ZADD', KEYS[1], now + ttl, ARGV[i]) == 1 then changed = true end
+  elseif redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    changed = true
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+if changed and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], '~waiting') end
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+"""
+#: What WAITING publishes on the leases' channel when the fleet's waiting set changed.
+WAITING_CHANGED = b"~waiting"
+
+
 def _ms(seconds: float) -> int:
     return max(0, math.ceil(seconds * 1000))
 
@@ -150,6 +175,15 @@ class SlotLeases:
         self._acquire = store.script(ACQUIRE)
         self._release = store.script(RELEASE)
         self._renew = store.script(RENEW)
+        self._waiting = store.script(WAITING)
+        self.waiting_key = store.key("waiting")
+        #: The lanes in priority order, and this replica's lanes with requests waiting.
+        self._lanes = [lane.name for lane in scheduler.lanes]
+        scheduler.on_waiting = self._queue_changed
+        self._waiting_sent: dict[str, bool] = {}
+        #: Requests per lane whose lease is being taken (they still count as waiting).
+        self._leasing: dict[str, int] = {}
+        self._waiting_sync: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         #: Slots this replica holds on each backend, leased or taken while Redis was down.
         self._held: dict[Backend, set[Slot]] = {b: set() for b in pool.backends}
@@ -170,10 +204,24 @@ class SlotLeases:
 
     # -- the request path ------------------------------------------------------------
 
-    async def take(self, slot: Slot) -> bool:
+    async def take(self, slot: Slot, lane: str | None = None) -> bool:
         """Lease the slot the scheduler granted; False when the other replicas hold the
         backend's slots (or its prefill budget): then give it back and wait again.
-        True at once while Redis is down (the slot counts against the local share)."""
+        True at once while Redis is down (the slot counts against the local share).
+
+        While it is being leased, a request of `lane` still counts as waiting for the
+        fleet (its queue may be empty): the other replicas keep their lower lanes back
+        until it has its slot."""
+        if lane is None:
+            return await self._take(slot)
+        self._leasing[lane] = self._leasing.get(lane, 0) + 1
+        try:
+            return await self._take(slot)
+        finally:
+            self._leasing[lane] -= 1
+            self._queue_changed(lane, False)
+
+    async def _take(self, slot: Slot) -> bool:
         backend = slot.backend
         self._held[backend].add(slot)
         if not self.store.up:
@@ -261,6 +309,65 @@ class SlotLeases:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    # -- priority across the fleet --------------------------------------------------
+
+    def _member(self, lane: str) -> str:
+        return f"{self._lanes.index(lane)}|{self.store.replica_id}"
+
+    def _queue_changed(self, lane: str, waiting: bool) -> None:
+        """A lane's queue filled or emptied here: tell the fleet, whose replicas hold
+        their lower lanes back while a higher one waits anywhere (one gateway would).
+        One call at a time, each sending the lanes' state as it is then, so that a
+        quick fill-empty-fill cannot arrive out of order."""
+        if lane == self._lanes[-1] or self._local or not self.store.up:
+            return  # the lowest lane holds nobody back
+        if self._waiting_sync is None or self._waiting_sync.done():
+            self._waiting_sync = asyncio.get_running_loop().create_task(self._sync_waiting())
+
+    async def _sync_waiting(self) -> None:
+        while not self._local and self.store.up:
+            pairs: list[str] = []
+            for lane in self.scheduler.lanes[:-1]:
+                waiting = lane.had_waiters or self._leasing.get(lane.name, 0) > 0
+                if self._waiting_sent.get(lane.name, False) != waiting:
+                    pairs += [self._member(lane.name), "1" if waiting else "0"]
+                    self._waiting_sent[lane.name] = waiting
+            if not pairs:
+                return
+            await self._call_waiting(self.channel, pairs)
+
+    def _in_background_waiting(self, channel: str, pairs: list[str]) -> None:
+        task = asyncio.get_running_loop().create_task(self._call_waiting(channel, pairs))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _call_waiting(self, channel: str, pairs: list[str]) -> None:
+        members = await self.store.call(
+            "waiting",
+            lambda: self._waiting(keys=[self.waiting_key], args=[self.ttl_ms, channel, *pairs]),
+        )
+        if members is not None:
+            self._hold_back_below(members)
+
+    def _hold_back_below(self, members: list[bytes]) -> None:
+        """Hold back the lanes below the highest one another replica has waiting."""
+        mine = "|" + self.store.replica_id
+        highest = len(self._lanes)
+        for member in members:
+            text = member.decode() if isinstance(member, bytes) else str(member)
+            index, _, replica = text.partition("|")
+            if ("|" + replica) != mine and index.isdigit():
+                highest = min(highest, int(index))
+        self.scheduler.hold_back(set(self._lanes[highest + 1 :]))
+
+    def _refresh_waiting(self) -> None:
+        """Renew this replica's waiting lanes and read the fleet's (each tick)."""
+        pairs: list[str] = []
+        for lane in self.scheduler.lanes[:-1]:
+            if lane.had_waiters and self._waiting_sent.get(lane.name):
+                pairs += [self._member(lane.name), "1"]
+        self._in_background_waiting("", pairs)
+
     # -- the view of the other replicas ---------------------------------------------
 
     def _note_counts(self, backend: Backend, leases: int, prefill_ms: int) -> None:
@@ -282,6 +389,7 @@ class SlotLeases:
         if self._local:
             return
         self._local = True
+        self.scheduler.hold_back(set())  # no fleet to defer to
         share = self.share()
         for backend in self.pool.backends:
             own = max(1, math.floor(backend.max_concurrency * share))
@@ -293,7 +401,8 @@ class SlotLeases:
         if self._local:  # Redis came back without the store noticing it went (a rejoin)
             await self.rejoin()
             return
-        await self._renew_all()
+        if await self._renew_all():
+            self._refresh_waiting()
 
     async def rejoin(self) -> None:
         """Redis is back: lease again every slot held now (leased before or not)."""
@@ -302,7 +411,9 @@ class SlotLeases:
                 if slot.lease is None:
                     slot.lease = f"{self.store.replica_id}:{next(self._ids)}"
         self._local = False
-        await self._renew_all()  # back on the local share if Redis failed again
+        if await self._renew_all():  # else back on the local share: Redis failed again
+            self._waiting_sent.clear()  # sent again, as they are now
+            self._queue_changed(self._lanes[0], True)
 
     async def _renew_all(self) -> bool:
         backends = self.pool.backends
@@ -361,6 +472,10 @@ class SlotLeases:
                 await asyncio.sleep(self.store.settings.interval_s)
 
     def _freed(self, data: bytes) -> None:
+        if data == WAITING_CHANGED:
+            if not self._local and self.store.up:
+                self._in_background_waiting("", [])
+            return
         try:
             url, leases, prefill_ms = data.decode().rsplit(" ", 2)
             backend = self._by_url.get(url)
@@ -379,6 +494,13 @@ class SlotLeases:
             for slot in list(held):
                 if slot.lease is not None and self.store.up:
                     self._send(slot, release=True)
+        if self._waiting_sync is not None:
+            self._waiting_sync.cancel()
+        if self.store.up and not self._local:  # this replica's waiting lanes wait no more
+            pairs: list[str] = []
+            for lane in self._lanes[:-1]:
+                pairs += [self._member(lane), "0"]
+            self._in_background_waiting(self.channel, pairs)
         if self._background:
             await asyncio.wait(self._background, timeout=1.0)
         if self._subscriber is not None:
@@ -404,7 +526,7 @@ async def leased(
     try:
         while True:
             started = time.perf_counter()
-            taken = await leases.take(grant.slot)
+            taken = await leases.take(grant.slot, grant.lane)
             spent += time.perf_counter() - started
             if taken:
                 return grant

@@ -153,11 +153,18 @@ def with_member(body: bytes, key: str, value: int) -> bytes:
     return body[:-1] + (b"," if body != b"{}" else b"") + member + b"}"
 
 
-def route_hint(request: web.Request, shape: RequestShape, client: str | None) -> RouteHint:
+#: Share of a request's queue deadline it may spend waiting for a better backend.
+WAIT_FOR_SOONER_SHARE = 0.5
+
+
+def route_hint(
+    request: web.Request, shape: RequestShape, client: str | None, deadline_s: float
+) -> RouteHint:
     """What the pool may route by besides load: the prompt's blocks and its session."""
     return RouteHint(
         shape.prefix,
         session_key(request.headers.get(SESSION_HEADER), shape.body.get("user"), client),
+        wait_budget_s=WAIT_FOR_SOONER_SHARE * deadline_s,
     )
 
 
@@ -316,17 +323,20 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.enqueued = clock()
         scheduler, budget = state.scheduler, admission.budget
         note = WaitNote()
-        hint = route_hint(request, shape, record.client)
+        queue_deadline = (
+            None
+            if client_deadline is None
+            else queue_budget_s(client_deadline, state.pool.prefill_s(lane, shape.prompt_tokens))
+        )
+        hint = route_hint(
+            request, shape, record.client, scheduler.deadline_for(lane, queue_deadline)
+        )
         try:
             grant = held = await scheduler.acquire(
                 lane,
                 shape.prompt_tokens,
                 budget.total,
-                client_deadline_s=None
-                if client_deadline is None
-                else queue_budget_s(
-                    client_deadline, state.pool.prefill_s(lane, shape.prompt_tokens)
-                ),
+                client_deadline_s=queue_deadline,
                 note=note,
                 hint=hint,
             )

@@ -88,12 +88,14 @@ class SlotSource(Protocol):
         exclude: Any = None,
         hint: Any = None,
         waited_s: float | None = None,
+        ahead: int = 0,
     ) -> Any | None:
         """A slot for a request of `lane` (not on the backend of slot `exclude`), None when
         there is none, or `Deferred` when this request should wait for a better one.
 
         `hint` is the request's routing hint, passed through untouched; `waited_s` how
-        long it has waited in line (None: it may not wait, a retry)."""
+        long it has waited in line (None: it may not wait, a retry), `ahead` how many
+        requests go before it (its lane's and the higher lanes')."""
 
     def has_free_slot(self, lane: str) -> bool:
         """Some backend of `lane` has a free slot now (with [redis], counting the slots the
@@ -161,6 +163,11 @@ class LaneState:
     recent_waits: deque[float] = field(default_factory=lambda: deque(maxlen=PRESSURE_SAMPLES))
     #: When its latest requests got their slots (the drain rate's samples).
     dispatched_at: deque[float] = field(default_factory=lambda: deque(maxlen=DRAIN_SAMPLES))
+    #: Its queue had requests at the last look (for `Scheduler.on_waiting`).
+    had_waiters: bool = False
+    #: Gets no new slot while set (with [redis]: a higher lane has requests waiting in
+    #: another replica of the fleet).
+    held_back: bool = False
 
     @property
     def name(self) -> str:
@@ -195,6 +202,9 @@ class Scheduler:
         #: queue timeout and the end of a deferral are loop timers: they must fire.
         self._now = clock
         self._deferral_timer: asyncio.TimerHandle | None = None
+        #: Told when a lane's queue fills (True) or empties (False): with [redis], the
+        #: other replicas hold their lower lanes back meanwhile.
+        self.on_waiting: Callable[[str, bool], None] | None = None
 
     @property
     def lanes(self) -> list[LaneState]:
@@ -207,6 +217,24 @@ class Scheduler:
         """The lane's backends changed size (learned from the engine): serve the queues."""
         self._by_name[name].slot_limit = max(1, slots)
         self._dispatch()
+
+    def hold_back(self, names: set[str]) -> None:
+        """Lanes that get no new slot from now on (the others again may, at once)."""
+        released = False
+        for lane in self._lanes:
+            held = lane.name in names
+            released |= lane.held_back and not held
+            lane.held_back = held
+        if released:
+            self._dispatch()
+
+    def _note_queue(self, lane: LaneState) -> None:
+        """Tell `on_waiting` when the lane's queue went from empty to not, or back."""
+        waiting = bool(lane.queue)
+        if waiting != lane.had_waiters:
+            lane.had_waiters = waiting
+            if self.on_waiting is not None:
+                self.on_waiting(lane.name, waiting)
 
     def set_deadline(self, name: str, deadline_s: float) -> None:
         """The lane's queue deadline in force from now on (new arrivals)."""
@@ -338,7 +366,11 @@ class Scheduler:
                 f"too close to {whose} {deadline:.3g} s limit.",
                 retry_after_s=self._retry_after(lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s),
             )
-        if lane.in_flight < lane.slot_limit and not any(other.queue for other in self._lanes):
+        if (
+            lane.in_flight < lane.slot_limit
+            and not lane.held_back
+            and not any(other.queue for other in self._lanes)
+        ):
             # Nobody waits anywhere: what dispatching would do, without queueing a future.
             slot = self._source.try_take(
                 name, prompt_tokens, output_tokens, hint=hint, waited_s=0.0
@@ -357,6 +389,7 @@ class Scheduler:
             hint=hint,
         )
         lane.queue.append(waiter)
+        self._note_queue(lane)
         return await self._wait(lane, waiter, deadline, deadline)
 
     async def requeue(
@@ -386,6 +419,7 @@ class Scheduler:
             hint=hint,
         )
         lane.queue.appendleft(waiter)
+        self._note_queue(lane)
         if left <= 0:
             self._expire(lane, waiter, deadline_s)
             return waiter.future.result()  # raises the QueueTimeout
@@ -436,6 +470,7 @@ class Scheduler:
             lane.queue.remove(waiter)
         except ValueError:
             pass
+        self._note_queue(lane)
 
     def release(self, grant: Grant) -> None:
         """Give the slot back and hand it to the next request in line."""
@@ -481,6 +516,7 @@ class Scheduler:
                 if not waiter.future.done():
                     waiter.future.set_exception(error)
                     failed += 1
+            self._note_queue(lane)
         return failed
 
     def notify_capacity(self) -> None:
@@ -501,7 +537,8 @@ class Scheduler:
             queue = lane.queue
             while queue and queue[0].future.done():  # cancelled, not yet cleaned up
                 queue.popleft()
-            if queue and lane.in_flight < lane.slot_limit:
+                self._note_queue(lane)
+            if queue and lane.in_flight < lane.slot_limit and not lane.held_back:
                 ready.append(lane)
         if not ready:
             return False
@@ -528,6 +565,7 @@ class Scheduler:
             if waiter is None:
                 continue
             lane.queue.remove(waiter)
+            self._note_queue(lane)
             lane.in_flight += 1
             waited = now - waiter.enqueued_at
             lane.wait_per_place.add(waited / waiter.position)
@@ -545,6 +583,7 @@ class Scheduler:
         the free slot, and the queues are served again when the first deferral ends.
         """
         retry_in: float | None = None
+        higher = sum(len(other.queue) for other in lane.higher)
         for index, waiter in enumerate(lane.queue):
             if index == LOOKAHEAD:
                 break
@@ -556,6 +595,7 @@ class Scheduler:
                 waiter.output_tokens,
                 hint=waiter.hint,
                 waited_s=now - waiter.enqueued_at,
+                ahead=higher + index,
             )
             if slot is None:
                 break  # no slot for this lane at all

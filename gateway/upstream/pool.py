@@ -55,8 +55,10 @@ eject it for a cooldown that doubles on each repeat; it comes back by itself.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 from gateway.admission.prefix import PromptPrefix
 from gateway.config import (
@@ -81,12 +83,18 @@ def _busy(backend: Backend) -> float:
     return (backend.in_flight + backend.others_in_flight) / backend.max_concurrency
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, eq=False, weakref_slot=True)
 class RouteHint:
-    """What routing may use besides load: the prompt's blocks and the session's key."""
+    """What routing may use besides load: the prompt's blocks and the session's key.
+
+    One per request, compared by identity: a backend remembers the requests waiting
+    for it by their hint, weakly, so one that went away leaves nothing behind."""
 
     prefix: PromptPrefix | None = None
     session: str | None = None
+    #: Longest it may wait in line for a better backend than a free one (half its queue
+    #: deadline: the rest is for the wait it cannot avoid).
+    wait_budget_s: float = math.inf
 
 
 @dataclass(slots=True, eq=False)
@@ -139,8 +147,8 @@ class Backend:
     #: Moving average of how long a request holds a slot here (None: none ended yet):
     #: how soon a slot frees, for a request deciding whether to wait for this backend.
     hold_s: float | None = None
-    #: Requests waiting for this backend's cache (id of their hint: when they stop).
-    cache_waiters: dict[int, float] = field(default_factory=dict)
+    #: Requests deferred to wait for a slot here (their hint: when they stop waiting).
+    waiters: WeakKeyDictionary[RouteHint, float] = field(default_factory=WeakKeyDictionary)
     _prefilling: set[Slot] = field(default_factory=set)
 
     @classmethod
@@ -323,6 +331,7 @@ class BackendPool:
         exclude: Slot | None = None,
         hint: RouteHint | None = None,
         waited_s: float | None = None,
+        ahead: int = 0,
     ) -> Slot | Deferred | None:
         """A slot on the best backend for this request; not on `exclude`'s backend.
 
@@ -331,9 +340,10 @@ class BackendPool:
         The cache comes first because a turn that leaves its history behind costs more
         than its own wait: every later turn of the conversation prefills it again.
 
-        When the backend holding more of the prompt is full, a request that has waited
-        `waited_s` is `Deferred` until it has waited what going elsewhere would cost it
-        (the predicted prefill of the difference, at most `max_cache_wait_s`).
+        A request that has waited `waited_s` in line (behind `ahead` others) may instead
+        be `Deferred` for a busy backend that would still give it a sooner first token
+        after the wait for a slot there (its prompt cached there, or a faster engine):
+        see `_defer`.
         """
         now = self.clock()
         avoid = exclude.backend if exclude is not None else None
@@ -355,6 +365,7 @@ class BackendPool:
         best: Backend | None = None
         best_key: tuple[int, bool, int, float, int] = (0, False, 0, 0.0, 0)
         best_cached = best_matched = 0
+        best_ttft = 0.0
         roomy = []
         for backend in candidates:
             cached = matched = 0
@@ -382,17 +393,18 @@ class BackendPool:
             )
             if best is None or key < best_key:
                 best, best_key, best_cached, best_matched = backend, key, cached, matched
+                best_ttft = ttft
         if best is None:
             return None
-        if prefix is not None and waited_s is not None and routing.max_cache_wait_s:
-            deferred = self._defer_for_cache(
-                lane, prompt_tokens, hint, best, best_cached, roomy, waited_s, now
+        if hint is not None and waited_s is not None and routing.max_wait_for_sooner_s:
+            deferred = self._defer(
+                lane, prompt_tokens, hint, best_ttft, roomy, waited_s, ahead, now
             )
             if deferred is not None:
                 return deferred
             for backend in self.backends_of(lane):  # it waits for none of them any more
-                if backend.cache_waiters:
-                    backend.cache_waiters.pop(id(hint), None)
+                if backend.waiters:
+                    backend.waiters.pop(hint, None)
         if best_cached:
             reason = BY_PREFIX
         else:
@@ -401,46 +413,70 @@ class BackendPool:
         slot.matched_tokens = best_matched
         return slot
 
-    def _defer_for_cache(
+    def _defer(
         self,
         lane: str,
         prompt_tokens: int,
-        hint: RouteHint | None,
-        best: Backend,
-        best_cached: int,
+        hint: RouteHint,
+        best_ttft: float,
         roomy: list[Backend],
         waited_s: float,
+        ahead: int,
         now: float,
     ) -> Deferred | None:
-        """Deferred when a full backend holds more of the prompt cached than `best` and
-        waiting for it is worth it: for at most the prefill `best` would spend on the
-        difference, and only while its slots free soon enough for the requests already
-        waiting for it and this one (so a hot prefix spreads instead of piling up)."""
-        assert hint is not None and hint.prefix is not None
-        home, more = None, 0
+        """Deferred while a busy backend would give a sooner first token than the best
+        free one (`best_ttft`) even after this request's wait for a slot there.
+
+        Sooner because its engine has more of the prompt cached, or is faster. The wait
+        for a slot there is predicted from how often its slots free: the requests ahead
+        in line and those already waiting for it go first, one release each, so a hot
+        prefix or a fast engine draws only the waiters it can serve in time and the
+        rest go elsewhere at once. It waits at most the gain (so at worst its first
+        token comes twice as late as on the free backend), within its budget
+        (`max_wait_for_sooner_s`, at most half its queue deadline), once: when that
+        wait is over it takes the best free backend. Requests behind it in line are
+        served meanwhile.
+        """
+        budget = min(self.routing.max_wait_for_sooner_s, hint.wait_budget_s) - waited_s
         for backend in self.backends_of(lane):
-            if backend in roomy or not backend.available(now):
+            until = backend.waiters.get(hint)
+            if until is not None:  # waiting for it: until it has room or patience runs out
+                if until > now and budget > 0 and backend.available(now):
+                    if backend not in roomy:
+                        return Deferred(until - now)
+                del backend.waiters[hint]
+                return None  # it has room now (it is the best free one) or the wait is over
+        if budget <= 0:
+            return None
+        prefix = hint.prefix if self.routing.prefix_affinity else None
+        target, net_gain, gross_gain = None, 0.0, 0.0
+        for backend in self.backends_of(lane):
+            if backend in roomy or backend.hold_s is None or not backend.available(now):
                 continue
-            matched = min(prompt_tokens, backend.prefixes.matched_tokens(hint.prefix))
-            gain = int(matched * backend.model.cache_hit_share) - best_cached
-            if gain > more:
-                home, more = backend, gain
-        if home is None or home.hold_s is None:
+            cached = 0
+            if prefix is not None:
+                matched = min(prompt_tokens, backend.prefixes.matched_tokens(prefix))
+                cached = int(matched * backend.model.cache_hit_share)
+            slot_wait = 0.0
+            if backend.free_slots <= 0:
+                waiting = sum(1 for until in backend.waiters.values() if until > now)
+                slot_wait = (ahead + waiting + 1) * backend.hold_s / backend.max_concurrency
+            # The prefill in flight there goes on while the request waits for the slot.
+            in_prefill = backend.prefilling_s + backend.others_prefilling_s
+            ttft = max(0.0, in_prefill - slot_wait) + backend.model.prefill_s(
+                prompt_tokens - cached
+            )
+            gain = best_ttft - ttft
+            if gain - slot_wait > net_gain:
+                target, net_gain, gross_gain = backend, gain - slot_wait, gain
+        if target is None:
             return None
-        worth_s = min(self.routing.max_cache_wait_s, more / best.model.prefill_tokens_per_s)
-        if waited_s >= worth_s:
-            return None
-        waiters, key = home.cache_waiters, id(hint)
-        if key not in waiters:
-            for other, until in list(waiters.items()):
-                if until <= now:
-                    del waiters[other]
-            # The k-th request waiting for it gets a slot after about k slot releases.
-            expected_s = (len(waiters) + 1) * home.hold_s / home.max_concurrency
-            if expected_s >= worth_s:
-                return None
-            waiters[key] = now + worth_s - waited_s
-        return Deferred(worth_s - waited_s)
+        patience = min(budget, gross_gain)
+        for other, until in list(target.waiters.items()):
+            if until <= now:
+                del target.waiters[other]
+        target.waiters[hint] = now + patience
+        return Deferred(patience)
 
     def _session_backend(self, lane: str, session: str, now: float) -> Backend | None:
         """The session's backend: the highest rendezvous weight among the lane's available

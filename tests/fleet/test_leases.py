@@ -12,10 +12,11 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
 from gateway.config import LaneSettings, RedisSettings
-from gateway.fleet.leases import SlotLeases
+from gateway.fleet.leases import SlotLeases, leased
 from gateway.fleet.store import SharedStore, mask_url_password
 from gateway.observability.logs import make_logger
-from gateway.scheduling.scheduler import Scheduler
+from gateway.observability.record import RequestRecord
+from gateway.scheduling.scheduler import Grant, Scheduler
 from gateway.upstream.pool import Backend, BackendPool
 from tests.helpers import eventually
 from tests.redis_server import RedisServer
@@ -166,3 +167,48 @@ def test_a_password_in_the_url_is_masked() -> None:
     assert mask_url_password("redis://user:s3cret@host:6379/0") == "redis://user:***@host:6379/0"
     assert mask_url_password("redis://:s3cret@host") == "redis://:***@host"
     assert mask_url_password("redis://host:6379") == "redis://host:6379"
+
+
+class TwoLanes(Replica):
+    """A replica with the default lanes' order: interactive before bulk."""
+
+    def __init__(self, redis_url: str, *, slots: int = 1) -> None:
+        super().__init__(redis_url, slots=slots)
+        lanes = [LaneSettings(name=n, queue_timeout_s=5.0) for n in ("interactive", "bulk")]
+        self.scheduler = Scheduler(lanes, {n.name: slots for n in lanes}, self.pool)
+        self.pool.on_available = self.scheduler.notify_capacity
+        self.leases = SlotLeases(self.store, self.pool, self.scheduler, share=lambda: 0.5)
+        self.store.on_up.append(self.leases.rejoin)
+
+    async def run(self, lane: str) -> Grant:
+        """Wait for a slot as the proxy does: the lane's queue, then the lease."""
+        grant = await self.scheduler.acquire(lane, 100)
+        record = RequestRecord("r", "/", 0.0)
+        return await leased(
+            self.leases, self.scheduler, grant, record,
+            prompt_tokens=100, output_tokens=0, deadline_s=5.0,
+        )  # fmt: skip
+
+
+async def test_a_replica_holds_its_bulk_lane_back_while_another_has_interactive_waiting(
+    redis_server: RedisServer,
+) -> None:
+    a, b = TwoLanes(redis_server.url), TwoLanes(redis_server.url)
+    try:
+        for replica in (a, b):
+            await replica.leases.start()
+        await asyncio.sleep(0.1)  # subscribed
+        running = await a.run("bulk")  # a's bulk holds the one slot
+        a_next = asyncio.ensure_future(a.run("bulk"))
+        b_short = asyncio.ensure_future(b.run("interactive"))  # refused: waits in b's line
+        await eventually(lambda: a.scheduler.lane("bulk").held_back, within_s=2)
+        a.scheduler.release(running)  # the slot frees: b's short request gets it, not a's bulk
+        short = await asyncio.wait_for(b_short, 2)
+        await asyncio.sleep(0.1)
+        assert not a_next.done(), "one gateway would not give the slot to bulk either"
+        b.scheduler.release(short)  # b has nobody waiting any more: a's bulk goes
+        await eventually(lambda: not a.scheduler.lane("bulk").held_back, within_s=2)
+        a.scheduler.release(await asyncio.wait_for(a_next, 2))
+    finally:
+        for replica in (a, b):
+            await replica.close()

@@ -31,6 +31,7 @@ class CountingSlots:
         exclude: object = None,
         hint: object = None,
         waited_s: float | None = None,
+        ahead: int = 0,
     ) -> object | None:
         if self.free == 0:
             return None
@@ -459,6 +460,7 @@ class DeferringSlots(CountingSlots):
         exclude: object = None,
         hint: object = None,
         waited_s: float | None = None,
+        ahead: int = 0,
     ) -> object | None:
         if self.free and hint == "home" and waited_s is not None and waited_s < 0.05:
             return Deferred(0.05 - waited_s)

@@ -261,6 +261,7 @@ def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -
     pool = BackendPool(backends, clock=time.monotonic)
     first = pool.try_take("x", 2000, hint=RouteHint(conversation("q1", tokens=1000)))
     assert isinstance(first, Slot)
+    pool.prefill_done(first)  # it streams its answer now
     home = first.backend
     turn = RouteHint(conversation("q1", "a1 q2", tokens=1000))
     home.hold_s = 0.1  # its slot frees about every 0.1 s
@@ -268,7 +269,7 @@ def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -
     # 8192 tokens/s): wait for home that long.
     deferred = pool.try_take("x", 3000, hint=turn, waited_s=0.05)
     assert isinstance(deferred, Deferred)
-    assert deferred.retry_in_s == pytest.approx(2000 / 8192 - 0.05, abs=0.01)
+    assert deferred.retry_in_s == pytest.approx(2000 / 8192, abs=0.01)
     assert all(b.in_flight == (b is home) for b in backends), "nothing was reserved"
     # A second and a third request for the same home: the third would wait 0.3 s for a
     # slot there (three releases), more than it saves: it goes elsewhere at once.
@@ -277,14 +278,16 @@ def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -
     third = pool.try_take("x", 3000, hint=RouteHint(twin.prefix), waited_s=0.0)
     assert isinstance(third, Slot) and third.backend is not home
     pool.give_back(third)
-    # Waited long enough, or may not wait at all (a retry): the free backend.
+    # Waited its budget (half its queue deadline), or may not wait at all (a retry):
+    # the free backend.
     for waited in (0.3, None):
-        moved = pool.try_take("x", 3000, hint=turn, waited_s=waited)
+        spent = RouteHint(turn.prefix, wait_budget_s=0.25)
+        moved = pool.try_take("x", 3000, hint=spent, waited_s=waited)
         assert isinstance(moved, Slot) and moved.backend is not home
         pool.give_back(moved)
     # Home's slot time unknown (nothing ended there yet): no waiting.
     home.hold_s = None
-    elsewhere = pool.try_take("x", 3000, hint=turn, waited_s=0.0)
+    elsewhere = pool.try_take("x", 3000, hint=RouteHint(turn.prefix), waited_s=0.0)
     assert isinstance(elsewhere, Slot)
     pool.give_back(elsewhere)
     # A prompt with nothing cached anywhere never waits.
@@ -292,14 +295,15 @@ def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -
     assert isinstance(other, Slot)
 
 
-def test_max_cache_wait_caps_the_wait_and_zero_turns_it_off() -> None:
+def test_max_wait_for_sooner_caps_the_wait_and_zero_turns_it_off() -> None:
     for cap, expected in ((0.1, 0.1), (0.0, None)):
         backends = [Backend(f"b{n}", f"http://b{n}", 1) for n in range(2)]
         pool = BackendPool(
-            backends, routing=RoutingSettings(max_cache_wait_s=cap), clock=time.monotonic
+            backends, routing=RoutingSettings(max_wait_for_sooner_s=cap), clock=time.monotonic
         )
         first = pool.try_take("x", 8000, hint=RouteHint(conversation("q1", tokens=4000)))
         assert isinstance(first, Slot)
+        pool.prefill_done(first)
         first.backend.hold_s = 0.01
         answer = pool.try_take(
             "x", 9000, hint=RouteHint(conversation("q1", "q2", tokens=4000)), waited_s=0.0
@@ -308,3 +312,36 @@ def test_max_cache_wait_caps_the_wait_and_zero_turns_it_off() -> None:
             assert isinstance(answer, Slot) and answer.backend is not first.backend
         else:
             assert isinstance(answer, Deferred) and answer.retry_in_s == pytest.approx(expected)
+
+
+def test_a_long_prompt_waits_for_the_fast_engine_rather_than_start_on_a_slow_one() -> None:
+    fast, slow = Backend("fast", "http://fast", 1), Backend("slow", "http://slow", 1)
+    for _ in range(5):  # the slow engine is learned at a quarter of the fast one's rate
+        slow.model.observe_ttft(4000, 0, 0.02 + 4000 / 2048)
+    pool = BackendPool([fast, slow], clock=time.monotonic)
+    running = pool.try_take("x", 100)
+    assert isinstance(running, Slot) and running.backend is fast
+    pool.prefill_done(running)
+    fast.hold_s = 0.5  # its slot frees about every 0.5 s
+    # 4000 tokens: ~0.5 s on the fast engine after a ~0.5 s wait, ~2 s on the slow one.
+    # Behind three requests in line, the fast slot is 2 s away: past the gain, go slow.
+    behind = pool.try_take("x", 4000, hint=RouteHint(), waited_s=0.0, ahead=3)
+    assert isinstance(behind, Slot) and behind.backend is slow
+    pool.give_back(behind)
+    slow.hold_s = None
+    hints = [RouteHint() for _ in range(3)]  # one per request, alive while it waits
+    deferred = pool.try_take("x", 4000, hint=hints[0], waited_s=0.0)
+    assert isinstance(deferred, Deferred)
+    assert 1.0 < deferred.retry_in_s < 2.0, "at most what it gains"
+    # The second would wait two releases (1 s) for that slot, still worth it; the third
+    # 1.5 s, past its gain: it starts on the slow engine at once.
+    assert isinstance(pool.try_take("x", 4000, hint=hints[1], waited_s=0.0), Deferred)
+    third = pool.try_take("x", 4000, hint=hints[2], waited_s=0.0)
+    assert isinstance(third, Slot) and third.backend is slow
+    assert len(fast.waiters) == 2
+    del hints[:2]  # those two requests went away: they wait for nothing any more
+    assert len(fast.waiters) == 0
+    # A short prompt gains little from the fast engine: it takes the slow one's slot.
+    pool.give_back(third)
+    short = pool.try_take("x", 50, hint=RouteHint(), waited_s=0.0)
+    assert isinstance(short, Slot) and short.backend is slow
