@@ -15,9 +15,17 @@ does not pick that backend again until a slot frees.
 Each lease expires `lease_ttl_s` after it was last renewed (Redis time, never a
 replica's clock); the holder renews all of its leases in one pipelined round
 trip per tick, so a crashed replica's slots come back within the TTL. Release
-and the end of prefill are sent in the background, off the request path. A
-release on a backend that some replica was refused on is published, so the
-waiting replicas try again at once instead of at their next tick.
+and the end of prefill are sent in the background, off the request path.
+
+Order across replicas, as one gateway would keep it:
+- A refused request joins the backend's line in Redis, ordered by lane and then by
+  when it joined its lane's queue. A slot freed there (a release, the end of a
+  prefill, an expired lease) is granted in the same step to the line's first, whose
+  replica is told (published) and gives it to its next request for that backend,
+  with no round trip; one nobody takes within PREPAID_GRACE_S is given back. A new
+  request is refused while a request ahead of it waits in the line.
+- Each replica publishes which of its lanes have requests waiting; the others hold
+  their lower lanes back meanwhile (no new slot), as one gateway's scheduler does.
 
 Redis down or slow (`SharedStore`): leases are skipped and each backend counts
 for this replica as only its share of the slots (`Fleet.local_share`). When
@@ -43,8 +51,14 @@ from gateway.observability.record import RequestRecord
 from gateway.scheduling.scheduler import Grant, Scheduler
 from gateway.upstream.pool import Backend, BackendPool, Slot
 
-#: Drops leases whose time is up (and their prefill entries); shared by the scripts.
-_EXPIRE = """
+#: The scripts' common part. KEYS: slots zset, prefill hash, wanted flag, line zset,
+#: grants counter (each grant's lease is named uniquely, even for a ticket granted twice).
+#: Drops leases whose time is up (and their prefill entries); `serve_line` grants
+#: free slots to the requests refused here before, best first: the line is ordered
+#: by lane, then by when each request joined its lane's queue, over all replicas, as
+#: one gateway's queue would be. A ticket is "<replica>#<request>#<prefill ms>"; its
+#: grant is published ("grant <url> <ticket> <lease>") for its replica to use.
+_COMMON = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -57,29 +71,56 @@ local function prefill_ms()
   for _, v in ipairs(redis.call('HVALS', KEYS[2])) do sum = sum + tonumber(v) end
   return sum
 end
+local function serve_line(count, prefill, limit, budget, ttl, channel, url)
+  while count < limit do
+    local head = redis.call('ZRANGE', KEYS[4], 0, 0)
+    if #head == 0 then break end
+    local ticket = head[1]
+    local needs = tonumber(string.match(ticket, '#(%d+)$')) or 0
+    if budget > 0 and prefill > 0 and prefill + needs > budget then break end
+    redis.call('ZREM', KEYS[4], ticket)
+    local lease = 'line:' .. ticket .. ':' .. redis.call('INCR', KEYS[5])
+    redis.call('ZADD', KEYS[1], now + ttl, lease)
+    if budget > 0 and needs > 0 then redis.call('HSET', KEYS[2], lease, needs) end
+    count = count + 1
+    prefill = prefill + needs
+    redis.call('PUBLISH', channel, 'grant ' .. url .. ' ' .. ticket .. ' ' .. lease)
+  end
+  redis.call('PEXPIRE', KEYS[4], ttl * 4)
+  redis.call('PEXPIRE', KEYS[5], ttl * 4)
+  return count, prefill
+end
 """
 
-#: KEYS: slots zset, prefill hash, wanted flag. ARGV: lease, slot limit, ttl ms, this
-#: prompt's predicted prefill ms, prefill budget ms (0: none).
-#: Returns {granted (1, 0: slots full, -1: prefill budget full), leases, prefill ms}.
+#: ARGV: lease, slot limit, ttl ms, this prompt's predicted prefill ms, prefill budget
+#: ms (0: none), ticket, the request's place (lane index x 1e13 + Redis-time ms it
+#: joined its queue, from the ms it has waited: ARGV[8]), channel, url.
+#: Returns {granted (1; 0: slots full, -1: prefill budget full, -2: a request before it
+#: in the fleet's line waits here), leases, prefill ms}. Refused, it joins the line.
 ACQUIRE = (
-    _EXPIRE
+    _COMMON
     + """
-local ttl = tonumber(ARGV[3])
+local limit, ttl, mine, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local ticket = ARGV[6]
+local place = tonumber(ARGV[7]) * 1e13 + now - tonumber(ARGV[8])
 local count = redis.call('ZCARD', KEYS[1])
 local prefill = prefill_ms()
-local mine = tonumber(ARGV[4])
-local budget = tonumber(ARGV[5])
 local granted = 1
-if count >= tonumber(ARGV[2]) then
+local head = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if count >= limit then
   granted = 0
 elseif budget > 0 and prefill > 0 and prefill + mine > budget then
   granted = -1
+elseif #head > 0 and head[1] ~= ticket and tonumber(head[2]) < place then
+  granted = -2
 end
 if granted ~= 1 then
   redis.call('SET', KEYS[3], '1', 'PX', ttl * 2)
+  redis.call('ZADD', KEYS[4], 'NX', place, ticket)
+  count, prefill = serve_line(count, prefill, limit, budget, ttl, ARGV[9], ARGV[10])
   return {granted, count, prefill}
 end
+redis.call('ZREM', KEYS[4], ticket)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 if mine > 0 then redis.call('HSET', KEYS[2], ARGV[1], mine) end
 redis.call('PEXPIRE', KEYS[1], ttl * 4)
@@ -88,16 +129,17 @@ return {1, count + 1, prefill + mine}
 """
 )
 
-#: KEYS: slots zset, prefill hash, wanted flag. ARGV: lease, 1 to release the slot (0:
-#: only its prefill ended), the channel, the backend's url. Publishes the new counts
-#: when a replica was refused on this backend lately.
+#: ARGV: lease, 1 to release the slot (0: only its prefill ended), the channel, the
+#: backend's url, slot limit, ttl ms, prefill budget ms. Serves the line, then
+#: publishes the new counts when a replica was refused on this backend lately.
 RELEASE = (
-    _EXPIRE
+    _COMMON
     + """
 if ARGV[2] == '1' then redis.call('ZREM', KEYS[1], ARGV[1]) end
 redis.call('HDEL', KEYS[2], ARGV[1])
-local count = redis.call('ZCARD', KEYS[1])
-local prefill = prefill_ms()
+local count, prefill = serve_line(
+  redis.call('ZCARD', KEYS[1]), prefill_ms(), tonumber(ARGV[5]), tonumber(ARGV[7]),
+  tonumber(ARGV[6]), ARGV[3], ARGV[4])
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. count .. ' ' .. prefill)
 end
@@ -105,24 +147,37 @@ return {count, prefill}
 """
 )
 
-#: KEYS: slots zset, prefill hash. ARGV: ttl ms, then (lease, prefill ms) pairs: this
-#: replica's leases on the backend, renewed (re-added if they had expired: they still
-#: run). Returns {leases, prefill ms} over all replicas.
+#: ARGV: ttl ms, slot limit, prefill budget ms, channel, url, then (lease, prefill ms)
+#: pairs: this replica's leases on the backend, renewed (re-added if they had expired:
+#: they still run). Serves the line (slots freed by expiry). Returns {leases, prefill
+#: ms} over all replicas.
 RENEW = (
-    _EXPIRE
+    _COMMON
     + """
 local ttl = tonumber(ARGV[1])
-for i = 2, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
   if tonumber(ARGV[i + 1]) > 0 then redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 end
-if #ARGV > 1 then
+if #ARGV > 5 then
   redis.call('PEXPIRE', KEYS[1], ttl * 4)
   redis.call('PEXPIRE', KEYS[2], ttl * 4)
 end
-return {redis.call('ZCARD', KEYS[1]), prefill_ms()}
+local count, prefill = serve_line(
+  redis.call('ZCARD', KEYS[1]), prefill_ms(), tonumber(ARGV[2]), tonumber(ARGV[3]), ttl,
+  ARGV[4], ARGV[5])
+return {count, prefill}
 """
 )
+
+#: How long a slot the fleet's line granted may wait here for a request to take it.
+PREPAID_GRACE_S = 0.25
+
+#: KEYS: the line zset. ARGV: tickets that no longer wait (served elsewhere, or gone).
+LEAVE_LINE = """
+for i = 1, #ARGV do redis.call('ZREM', KEYS[1], ARGV[i]) end
+return 0
+"""
 
 
 #: KEYS: the fleet's waiting set. ARGV: ttl ms, channel ('' : do not publish), then
@@ -175,6 +230,10 @@ class SlotLeases:
         self._acquire = store.script(ACQUIRE)
         self._release = store.script(RELEASE)
         self._renew = store.script(RENEW)
+        self._leave_line = store.script(LEAVE_LINE)
+        #: Leases the fleet's line granted this replica, not yet used by a request.
+        #: Their names, with the prefill ms each was granted with (in Redis' prefill sum).
+        self._prepaid: dict[Backend, dict[str, int]] = {b: {} for b in pool.backends}
         self._waiting = store.script(WAITING)
         self.waiting_key = store.key("waiting")
         #: The lanes in priority order, and this replica's lanes with requests waiting.
@@ -200,11 +259,24 @@ class SlotLeases:
             self.store.key("slots", backend.url),
             self.store.key("prefill", backend.url),
             self.store.key("wanted", backend.url),
+            self.store.key("line", backend.url),
+            self.store.key("grants", backend.url),
         ]
 
     # -- the request path ------------------------------------------------------------
 
-    async def take(self, slot: Slot, lane: str | None = None) -> bool:
+    def ticket(self) -> str:
+        """A request's name in the fleet's lines (the same for all its attempts)."""
+        return f"{self.store.replica_id}#{next(self._ids)}"
+
+    async def take(
+        self,
+        slot: Slot,
+        lane: str | None = None,
+        *,
+        ticket: str | None = None,
+        waited_s: float = 0.0,
+    ) -> bool:
         """Lease the slot the scheduler granted; False when the other replicas hold the
         backend's slots (or its prefill budget): then give it back and wait again.
         True at once while Redis is down (the slot counts against the local share).
@@ -212,25 +284,33 @@ class SlotLeases:
         While it is being leased, a request of `lane` still counts as waiting for the
         fleet (its queue may be empty): the other replicas keep their lower lanes back
         until it has its slot."""
+        place = self._lanes.index(lane) if lane in self._lanes else 0
+        ticket = ticket or self.ticket()
         if lane is None:
-            return await self._take(slot)
+            return await self._take(slot, ticket, place, waited_s)
         self._leasing[lane] = self._leasing.get(lane, 0) + 1
         try:
-            return await self._take(slot)
+            return await self._take(slot, ticket, place, waited_s)
         finally:
             self._leasing[lane] -= 1
             self._queue_changed(lane, False)
 
-    async def _take(self, slot: Slot) -> bool:
+    async def _take(self, slot: Slot, ticket: str, place: int, waited_s: float) -> bool:
         backend = slot.backend
         self._held[backend].add(slot)
         if not self.store.up:
             self.go_local()
             return True
+        prepaid = self._prepaid[backend]
+        if prepaid:  # a slot the fleet's line granted this replica: no round trip
+            slot.lease = next(iter(prepaid))
+            del prepaid[slot.lease]
+            return True
         # Named before the call: a client that leaves while it runs still gets its lease
         # (if Redis granted it) released when the slot is given back.
         slot.lease = lease = f"{self.store.replica_id}:{next(self._ids)}"
         budget_ms = _ms(backend.prefill_budget_s)
+        needs = _ms(slot.prefill_s) if budget_ms else 0
         answer = await self.store.call(
             "lease",
             lambda: self._acquire(
@@ -239,8 +319,13 @@ class SlotLeases:
                     lease,
                     backend.slot_limit,
                     self.ttl_ms,
-                    _ms(slot.prefill_s) if budget_ms else 0,
+                    needs,
                     budget_ms,
+                    f"{ticket}#{needs}",
+                    place,
+                    _ms(waited_s),
+                    self.channel,
+                    backend.url,
                 ],
             ),
         )
@@ -262,12 +347,30 @@ class SlotLeases:
         if self._local or not self.store.up:
             return
         slot.lease = f"{self.store.replica_id}:{next(self._ids)}"
-        backend, args = slot.backend, [self.ttl_ms, slot.lease, _ms(slot.prefill_s)]
+        backend = slot.backend
+        args = [*self._renew_head(backend), slot.lease, _ms(slot.prefill_s)]
         self._in_background(
-            "lease",
-            lambda: self._renew(keys=self._keys(backend)[:2], args=args),
-            backend,
+            "lease", lambda: self._renew(keys=self._keys(backend), args=args), backend
         )
+
+    def _renew_head(self, backend: Backend) -> list[Any]:
+        """RENEW's first arguments for `backend`."""
+        budget = _ms(backend.prefill_budget_s)
+        return [self.ttl_ms, backend.slot_limit, budget, self.channel, backend.url]
+
+    def leave_line(self, tickets: dict[Backend, str]) -> None:
+        """A request that joined backends' lines no longer waits there."""
+        if self._local or not self.store.up:
+            return
+        for backend, ticket in tickets.items():
+            key = self._keys(backend)[3]
+
+            def leave(key: str = key, ticket: str = ticket) -> Awaitable[Any]:
+                return self._leave_line(keys=[key], args=[ticket])
+
+            task = asyncio.get_running_loop().create_task(self.store.call("leave_line", leave))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def _prefill_done(self, slot: Slot) -> None:
         if (
@@ -290,7 +393,9 @@ class SlotLeases:
         """Release a lease (or end its prefill) in the background: a lost one only holds
         the slot until its TTL."""
         backend, lease = slot.backend, slot.lease
-        args = [lease, "1" if release else "0", self.channel, backend.url]
+        budget = _ms(backend.prefill_budget_s)
+        args: list[Any] = [lease, "1" if release else "0", self.channel, backend.url]
+        args += [backend.slot_limit, self.ttl_ms, budget]
         self._in_background(
             "release" if release else "prefill_done",
             lambda: self._release(keys=self._keys(backend), args=args),
@@ -377,7 +482,9 @@ class SlotLeases:
             return
         leased = [slot for slot in self._held[backend] if slot.lease is not None]
         mine_prefill_ms = sum(_ms(slot.prefill_s) for slot in leased if slot.prefilling)
-        others = max(0, leases - len(leased))
+        prepaid = self._prepaid[backend]
+        mine_prefill_ms += sum(prepaid.values())
+        others = max(0, leases - len(leased) - len(prepaid))
         others_prefill_s = max(0.0, (prefill_ms - mine_prefill_ms) / 1000)
         fell = others < backend.others_in_flight or others_prefill_s < backend.others_prefilling_s
         backend.others_in_flight, backend.others_prefilling_s = others, others_prefill_s
@@ -421,12 +528,14 @@ class SlotLeases:
         async def renew() -> list[Any]:
             async with self.store.client.pipeline(transaction=False) as pipe:
                 for backend in backends:
-                    args: list[Any] = [self.ttl_ms]
+                    args: list[Any] = self._renew_head(backend)
                     for slot in self._held[backend]:
                         if slot.lease is not None:
                             prefill = _ms(slot.prefill_s) if slot.prefilling else 0
                             args += [slot.lease, prefill]
-                    await self._renew(keys=self._keys(backend)[:2], args=args, client=pipe)
+                    for lease, prefill in self._prepaid[backend].items():
+                        args += [lease, prefill]
+                    await self._renew(keys=self._keys(backend), args=args, client=pipe)
                 return list(await pipe.execute())
 
         answers = await self.store.call("renew", renew)
@@ -476,6 +585,9 @@ class SlotLeases:
             if not self._local and self.store.up:
                 self._in_background_waiting("", [])
             return
+        if data.startswith(b"grant "):
+            self._granted(data)
+            return
         try:
             url, leases, prefill_ms = data.decode().rsplit(" ", 2)
             backend = self._by_url.get(url)
@@ -483,6 +595,40 @@ class SlotLeases:
                 self._note_counts(backend, int(leases), int(prefill_ms))
         except ValueError:
             self.store.events.warning("slot_leases_bad_message", data=repr(data)[:120])
+
+    def _granted(self, data: bytes) -> None:
+        """The fleet's line gave a freed slot to one of this replica's requests: the next
+        request here to take that backend uses it (given back if none does soon)."""
+        try:
+            _, url, ticket, lease = data.decode().split(" ")
+        except ValueError:
+            self.store.events.warning("slot_leases_bad_message", data=repr(data)[:120])
+            return
+        backend = self._by_url.get(url)
+        if backend is None or not ticket.startswith(self.store.replica_id + "#"):
+            return
+        if self._local:  # no fleet to share with right now: give it back at once
+            self._release_prepaid(backend, lease)
+            return
+        needs = ticket.rsplit("#", 1)[-1]
+        self._prepaid[backend][lease] = int(needs) if needs.isdigit() else 0
+        # It was one of the others' slots a moment ago (released and granted in one step).
+        backend.others_in_flight = max(0, backend.others_in_flight - 1)
+        asyncio.get_running_loop().call_later(
+            PREPAID_GRACE_S, self._release_prepaid, backend, lease
+        )
+        self.scheduler.notify_capacity()
+
+    def _release_prepaid(self, backend: Backend, lease: str) -> None:
+        """A granted slot nobody here took (its request went elsewhere or away)."""
+        prepaid = self._prepaid[backend]
+        if lease in prepaid:
+            del prepaid[lease]
+        elif not self._local:
+            return  # used by a request: released with its slot
+        placeholder = Slot(backend, 0, 0)
+        placeholder.lease = lease
+        self._send(placeholder, release=True)
 
     async def stop(self) -> None:
         """Give back every lease still held (best effort; the TTL frees the rest)."""
@@ -523,18 +669,29 @@ async def leased(
     the request waits again at the front of its line (within its queue deadline) for
     another slot. The time spent on Redis goes to the log line's `lease_ms`."""
     spent = 0.0
+    ticket = leases.ticket()
+    #: The backends whose line this request joined (refused there), and its ticket.
+    lines: dict[Backend, str] = {}
     try:
         while True:
             started = time.perf_counter()
-            taken = await leases.take(grant.slot, grant.lane)
+            backend = grant.slot.backend
+            taken = await leases.take(
+                grant.slot, grant.lane, ticket=ticket, waited_s=grant.queued_s
+            )
             spent += time.perf_counter() - started
-            if taken:
+            if taken:  # its tickets leave the lines it joined, in `finally`
                 return grant
+            lines[backend] = (
+                f"{ticket}#{_ms(grant.slot.prefill_s) if backend.prefill_budget_s else 0}"
+            )
             grant = await scheduler.requeue(
                 grant, prompt_tokens, output_tokens, deadline_s=deadline_s, hint=hint
             )
     finally:
         record.lease_ms = round(spent * 1000, 3)
+        if lines:
+            leases.leave_line(lines)
 
 
 def describe(leases: SlotLeases | None, backend: Backend) -> dict[str, Any]:

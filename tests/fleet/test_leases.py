@@ -108,6 +108,8 @@ async def test_a_release_is_published_to_the_replicas_that_were_refused(replicas
 
 async def test_the_prefill_budget_holds_across_replicas(replicas: Any) -> None:
     first, second = replicas(slots=4, budget_s=0.5), replicas(slots=4, budget_s=0.5)
+    await second.leases.start()
+    await asyncio.sleep(0.1)  # subscribed
     long_one = first.take_local(LONG_PROMPT)
     assert 0.25 < long_one.prefill_s <= 0.5, "predicted by the prior prefill rate"
     assert await first.leases.take(long_one)
@@ -115,12 +117,13 @@ async def test_the_prefill_budget_holds_across_replicas(replicas: Any) -> None:
     assert not await second.leases.take(other), "0.8 s of prefill is over the 0.5 s budget"
     second.pool.give_back(other)
     assert second.backend.others_prefilling_s == pytest.approx(long_one.prefill_s, abs=0.01)
-    first.pool.prefill_done(long_one)  # its first byte came: the budget is free again
-    await asyncio.sleep(0.1)
-    await second.leases.tick()
-    assert second.backend.others_prefilling_s == 0
+    # Its first byte came: the budget is free again, and the fleet's line grants it to
+    # the request refused before (the next one of that replica to take the backend).
+    first.pool.prefill_done(long_one)
+    await eventually(lambda: len(second.leases._prepaid[second.backend]) == 1, within_s=2)
     again = second.take_local(LONG_PROMPT)
     assert again is not None and await second.leases.take(again)
+    assert again.lease is not None and again.lease.startswith("line:")
 
 
 async def test_leases_expire_unless_renewed(replicas: Any, redis_server: RedisServer) -> None:
@@ -212,3 +215,28 @@ async def test_a_replica_holds_its_bulk_lane_back_while_another_has_interactive_
     finally:
         for replica in (a, b):
             await replica.close()
+
+
+async def test_a_freed_slot_goes_to_the_longest_waiting_request_of_the_fleet(
+    replicas: Any,
+) -> None:
+    """The fleet's line: one gateway's queue would serve the oldest first, so does Redis."""
+    holder, older, newer = (replicas(slots=1) for _ in range(3))
+    for replica in (older, newer):
+        await replica.leases.start()
+    await asyncio.sleep(0.1)  # subscribed
+    held = holder.take_local()
+    assert await holder.leases.take(held)
+    # Both are refused; `older` has waited longer (its request joined its queue first).
+    late, early = newer.take_local(), older.take_local()
+    assert not await newer.leases.take(late, "all", ticket=newer.leases.ticket(), waited_s=0.1)
+    assert not await older.leases.take(early, "all", ticket=older.leases.ticket(), waited_s=0.5)
+    newer.pool.give_back(late)
+    older.pool.give_back(early)
+    holder.pool.give_back(held)  # released: granted to `older` in the same step
+    await eventually(lambda: len(older.leases._prepaid[older.backend]) == 1, within_s=2)
+    assert not newer.leases._prepaid[newer.backend]
+    served = older.take_local()
+    assert served is not None and await older.leases.take(served), "no round trip needed"
+    older.pool.give_back(served)  # and the next in line, `newer`, is granted at once
+    await eventually(lambda: len(newer.leases._prepaid[newer.backend]) == 1, within_s=2)
