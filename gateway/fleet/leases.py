@@ -96,7 +96,8 @@ end
 #: ms (0: none), ticket, the request's place (lane index x 1e13 + Redis-time ms it
 #: joined its queue, from the ms it has waited: ARGV[8]), channel, url.
 #: Returns {granted (1; 0: slots full, -1: prefill budget full, -2: a request before it
-#: in the fleet's line waits here), leases, prefill ms}. Refused, it joins the line.
+#: in the fleet's line waits here), leases, prefill ms, ms until the first lease here
+#: expires unless renewed}. Refused, it joins the line.
 ACQUIRE = (
     _COMMON
     + """
@@ -118,7 +119,10 @@ if granted ~= 1 then
   redis.call('SET', KEYS[3], '1', 'PX', ttl * 2)
   redis.call('ZADD', KEYS[4], 'NX', place, ticket)
   count, prefill = serve_line(count, prefill, limit, budget, ttl, ARGV[9], ARGV[10])
-  return {granted, count, prefill}
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local expires_in = ttl
+  if #first > 0 then expires_in = math.max(0, tonumber(first[2]) - now) end
+  return {granted, count, prefill, expires_in}
 end
 redis.call('ZREM', KEYS[4], ticket)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
@@ -231,6 +235,7 @@ class SlotLeases:
         self._release = store.script(RELEASE)
         self._renew = store.script(RENEW)
         self._leave_line = store.script(LEAVE_LINE)
+        self._line_timers: dict[Backend, asyncio.TimerHandle] = {}
         #: Leases the fleet's line granted this replica, not yet used by a request.
         #: Their names, with the prefill ms each was granted with (in Redis' prefill sum).
         self._prepaid: dict[Backend, dict[str, int]] = {b: {} for b in pool.backends}
@@ -332,10 +337,12 @@ class SlotLeases:
         if answer is None:  # Redis failed: this replica is on its share from now on
             self.go_local()
             return True
-        granted, count, prefill_ms = (int(x) for x in answer)
+        granted, count, prefill_ms = (int(x) for x in answer[:3])
         if granted != 1:
             slot.lease = None
             self._held[backend].discard(slot)
+            if granted == 0:  # full: if a crashed replica holds slots, serve at their end
+                self._serve_line_at(backend, int(answer[3]) / 1000)
         self._note_counts(backend, count, prefill_ms)
         return granted == 1
 
@@ -352,6 +359,28 @@ class SlotLeases:
         self._in_background(
             "lease", lambda: self._renew(keys=self._keys(backend), args=args), backend
         )
+
+    def _serve_line_at(self, backend: Backend, delay_s: float) -> None:
+        """Serve `backend`'s line when its first lease would expire: a replica that died
+        holding slots gives them back then (within the TTL), not at the next tick."""
+        timer = self._line_timers.get(backend)
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay_s + 0.005
+        if timer is not None and not timer.cancelled() and timer.when() <= when:
+            return
+        if timer is not None:
+            timer.cancel()
+
+        def serve() -> None:
+            self._line_timers.pop(backend, None)
+            if self._local or not self.store.up:
+                return
+            args = self._renew_head(backend)
+            self._in_background(
+                "serve_line", lambda: self._renew(keys=self._keys(backend), args=args), backend
+            )
+
+        self._line_timers[backend] = loop.call_at(when, serve)
 
     def _renew_head(self, backend: Backend) -> list[Any]:
         """RENEW's first arguments for `backend`."""
@@ -642,6 +671,8 @@ class SlotLeases:
                     self._send(slot, release=True)
         if self._waiting_sync is not None:
             self._waiting_sync.cancel()
+        for timer in self._line_timers.values():
+            timer.cancel()
         if self.store.up and not self._local:  # this replica's waiting lanes wait no more
             pairs: list[str] = []
             for lane in self._lanes[:-1]:

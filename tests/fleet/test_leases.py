@@ -240,3 +240,17 @@ async def test_a_freed_slot_goes_to_the_longest_waiting_request_of_the_fleet(
     assert served is not None and await older.leases.take(served), "no round trip needed"
     older.pool.give_back(served)  # and the next in line, `newer`, is granted at once
     await eventually(lambda: len(newer.leases._prepaid[newer.backend]) == 1, within_s=2)
+
+
+async def test_a_dead_replicas_slot_goes_to_the_line_when_its_lease_ends(replicas: Any) -> None:
+    """No tick needed: the refused replica serves the line when the lease would expire."""
+    dead, waiting = replicas(slots=1, lease_ttl_s=0.5), replicas(slots=1, lease_ttl_s=0.5)
+    await waiting.leases.start()
+    await asyncio.sleep(0.1)  # subscribed
+    lost = dead.take_local()
+    assert await dead.leases.take(lost)  # then never renewed, never released
+    refused = waiting.take_local()
+    assert not await waiting.leases.take(refused, "all", ticket=waiting.leases.ticket())
+    waiting.pool.give_back(refused)
+    took = await eventually(lambda: bool(waiting.leases._prepaid[waiting.backend]), within_s=2)
+    assert took < 0.5 + 0.2, "granted when the dead one's lease ended, not a tick later"
