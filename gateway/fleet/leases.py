@@ -154,7 +154,7 @@ return {count, prefill}
 #: ARGV: ttl ms, slot limit, prefill budget ms, channel, url, then (lease, prefill ms)
 #: pairs: this replica's leases on the backend, renewed (re-added if they had expired:
 #: they still run). Serves the line (slots freed by expiry). Returns {leases, prefill
-#: ms} over all replicas.
+#: ms} over all replicas, and the ms until the first lease there expires unless renewed.
 RENEW = (
     _COMMON
     + """
@@ -170,7 +170,10 @@ end
 local count, prefill = serve_line(
   redis.call('ZCARD', KEYS[1]), prefill_ms(), tonumber(ARGV[2]), tonumber(ARGV[3]), ttl,
   ARGV[4], ARGV[5])
-return {count, prefill}
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local expires_in = ttl
+if #first > 0 then expires_in = math.max(0, tonumber(first[2]) - now) end
+return {count, prefill, expires_in}
 """
 )
 
@@ -371,16 +374,26 @@ class SlotLeases:
         if timer is not None:
             timer.cancel()
 
-        def serve() -> None:
-            self._line_timers.pop(backend, None)
+        async def serve() -> None:
             if self._local or not self.store.up:
                 return
             args = self._renew_head(backend)
-            self._in_background(
-                "serve_line", lambda: self._renew(keys=self._keys(backend), args=args), backend
+            answer = await self.store.call(
+                "serve_line", lambda: self._renew(keys=self._keys(backend), args=args)
             )
+            if answer is None:
+                return
+            self._note_counts(backend, int(answer[0]), int(answer[1]))
+            if backend.free_slots <= 0 and any(lane.queue for lane in self.scheduler.lanes):
+                self._serve_line_at(backend, int(answer[2]) / 1000)  # renewed: look again
 
-        self._line_timers[backend] = loop.call_at(when, serve)
+        def start() -> None:
+            self._line_timers.pop(backend, None)
+            task = loop.create_task(serve())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        self._line_timers[backend] = loop.call_at(when, start)
 
     def _renew_head(self, backend: Backend) -> list[Any]:
         """RENEW's first arguments for `backend`."""
@@ -571,7 +584,7 @@ class SlotLeases:
         if answers is None:
             self.go_local()
             return False
-        for backend, (leases, prefill_ms) in zip(backends, answers, strict=True):
+        for backend, (leases, prefill_ms, *_) in zip(backends, answers, strict=True):
             self._note_counts(backend, int(leases), int(prefill_ms))
         return True
 
