@@ -128,6 +128,13 @@ class SlotLeases:
         """A request's name in the fleet's lines (the same for all its attempts)."""
         return f"{self.store.replica_id}#{next(self._ids)}"
 
+    @staticmethod
+    def line_ticket(ticket: str, slot: Slot) -> str:
+        """The request's entry in its slot's backend's line: its ticket and the prefill
+        it needs there (ms; 0 without a prefill budget), which the line's grant reserves."""
+        needs = _ms(slot.prefill_s) if slot.backend.prefill_budget_s else 0
+        return f"{ticket}#{needs}"
+
     async def take(
         self,
         slot: Slot,
@@ -180,7 +187,7 @@ class SlotLeases:
                     self.ttl_ms,
                     needs,
                     budget_ms,
-                    f"{ticket}#{needs}",
+                    self.line_ticket(ticket, slot),
                     place,
                     _ms(waited_s),
                     self.channel,
@@ -346,12 +353,11 @@ class SlotLeases:
 
     def _hold_back_below(self, members: list[bytes]) -> None:
         """Hold back the lanes below the highest one another replica has waiting."""
-        mine = "|" + self.store.replica_id
         highest = len(self._lanes)
         for member in members:
             text = member.decode() if isinstance(member, bytes) else str(member)
             index, _, replica = text.partition("|")
-            if ("|" + replica) != mine and index.isdigit():
+            if replica != self.store.replica_id and index.isdigit():
                 highest = min(highest, int(index))
         self.scheduler.hold_back(set(self._lanes[highest + 1 :]))
 
@@ -574,9 +580,7 @@ async def leased(
             spent += time.perf_counter() - started
             if taken:  # its tickets leave the lines it joined, in `finally`
                 return grant
-            lines[backend] = (
-                f"{ticket}#{_ms(grant.slot.prefill_s) if backend.prefill_budget_s else 0}"
-            )
+            lines[backend] = leases.line_ticket(ticket, grant.slot)
             grant = await scheduler.requeue(
                 grant, prompt_tokens, output_tokens, deadline_s=deadline_s, hint=hint
             )

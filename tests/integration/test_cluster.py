@@ -16,21 +16,12 @@ from msgspec.structs import replace
 from gateway.config import LaneSettings, Settings
 from gateway.tools.simulator import SimulatorConfig, start_simulator
 from tests.conftest import StartGateway, StartSimulator, chat
+from tests.helpers import eventually
 
 
 async def sim_requests(http: aiohttp.ClientSession, sim: str) -> list[dict[str, Any]]:
     async with http.get(sim + "/sim/requests") as resp:
         return (await resp.json())["requests"]
-
-
-async def eventually(check: Any, within_s: float = 5.0, step_s: float = 0.02) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not check():
-        if loop.time() - start > within_s:
-            pytest.fail(f"condition not met within {within_s} s")
-        await asyncio.sleep(step_s)
-    return loop.time() - start
 
 
 def fast_health(settings: Settings, **health: Any) -> Settings:

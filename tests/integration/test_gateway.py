@@ -12,7 +12,6 @@ from typing import Any
 
 import aiohttp
 import openai
-import pytest
 from msgspec.structs import replace
 
 from gateway.config import LaneSettings, Settings
@@ -24,6 +23,7 @@ from tests.conftest import (
     chat,
     sse_events,
 )
+from tests.helpers import eventually
 
 LONG_PROMPT = "hello " * 3000  # ~3000 tokens: ~1.5 s of prefill in the simulator
 SHORT_PROMPT = "Hi, how are you today?"
@@ -55,17 +55,6 @@ async def sim_requests(http: aiohttp.ClientSession, sim: str) -> list[dict[str, 
 async def sim_stats(http: aiohttp.ClientSession, sim: str) -> dict[str, Any]:
     async with http.get(sim + "/sim/stats") as resp:
         return await resp.json()
-
-
-async def eventually(check: Any, within_s: float = 3.0, step_s: float = 0.01) -> float:
-    """Poll an async predicate; return the seconds it took, fail after `within_s`."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not await check():
-        if loop.time() - start > within_s:
-            pytest.fail(f"condition not met within {within_s} s")
-        await asyncio.sleep(step_s)
-    return loop.time() - start
 
 
 def lane_gauge(gateway: RunningGateway, lane: str) -> tuple[int, int]:

@@ -25,9 +25,15 @@ import pytest
 import yaml
 
 from gateway.config import RedisSettings, Settings
-from tests.conftest import StartGateway, StartSimulator, chat, free_port
+from tests.conftest import StartGateway, StartSimulator, chat
 from tests.ops.conftest import ROOT
-from tests.ops.test_dashboard_queries import finite, metric_names, query, spawn, stop, wait_for
+from tests.ops.test_dashboard_queries import (
+    finite,
+    metric_names,
+    query,
+    serve_prometheus,
+    wait_for,
+)
 from tests.redis_server import RedisServer
 
 AUTOSCALING = ROOT / "config" / "autoscaling"
@@ -173,52 +179,18 @@ def test_rendering_follows_the_adapter_s_template() -> None:
 async def running_prometheus(binary: str, tmp_path: Path, targets: list[str]) -> AsyncIterator[str]:
     """A Prometheus on a free 127.0.0.1 port scraping `targets` every second, with the
     job and namespace labels a Kubernetes scrape would give; stopped by its pid."""
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
             {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "scrape_configs": [
-                    {
-                        "job_name": JOB,
-                        "scrape_timeout": "1s",
-                        "static_configs": [
-                            {"targets": targets, "labels": {"namespace": NAMESPACE}}
-                        ],
-                    }
-                ],
+                "job_name": JOB,
+                "scrape_timeout": "1s",
+                "static_configs": [{"targets": targets, "labels": {"namespace": NAMESPACE}}],
             }
-        )
-    )
-    log_path = tmp_path / "prometheus.log"
-    process = spawn(
-        [
-            binary,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h",
         ],
-        log_path,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
-            for _ in range(200):  # 20 s
-                assert process.poll() is None, log_path.read_text()[-3000:]
-                try:
-                    async with http.get(url + "/-/ready") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("prometheus not ready in 20 s:\n" + log_path.read_text())
+    }
+    async for url in serve_prometheus(binary, tmp_path, config):
         yield url
-    finally:
-        await asyncio.to_thread(stop, process)
 
 
 @pytest.fixture

@@ -223,28 +223,34 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 async def running_prometheus(binary: str, tmp_path: Path, target: str) -> AsyncIterator[str]:
     """A Prometheus on a free 127.0.0.1 port scraping `target` every second with the
     gateway's rules loaded; stopped by its pid, its storage in `tmp_path`."""
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [
             {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(RULES)],
-                "scrape_configs": [
-                    {
-                        "job_name": "gateway",
-                        "scrape_timeout": "1s",
-                        "static_configs": [{"targets": [target]}],
-                    }
-                ],
+                "job_name": "gateway",
+                "scrape_timeout": "1s",
+                "static_configs": [{"targets": [target]}],
             }
-        )
-    )
+        ],
+    }
+    async for url in serve_prometheus(binary, tmp_path, config):
+        yield url
+
+
+async def serve_prometheus(
+    binary: str, tmp_path: Path, config: dict[str, Any]
+) -> AsyncIterator[str]:
+    """A Prometheus with `config` (prometheus.yml as a dict) on a free 127.0.0.1 port,
+    its URL once it is ready; stopped by its pid, its storage in `tmp_path`."""
+    port = free_port()
+    config_path = tmp_path / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
     log_path = tmp_path / "prometheus.log"
     process = spawn(
         [
             binary,
-            f"--config.file={config}",
+            f"--config.file={config_path}",
             f"--storage.tsdb.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--storage.tsdb.retention.time=1h",
