@@ -82,7 +82,10 @@ async def test_concurrent_leases_never_exceed_the_slots(replicas: Any) -> None:
         assert (slot.lease is not None) == ok
         if not ok:
             replica.pool.give_back(slot)
-    # Each replica now counts the slots the others hold: none offers the backend.
+    # Each replica now counts the slots the others hold (as of its latest answer from
+    # Redis: the tick's renewal brings them all up to date): none offers the backend.
+    for replica in fleet:
+        await replica.leases.tick()
     for replica in fleet:
         assert replica.backend.in_flight + replica.backend.others_in_flight == 3
         assert replica.take_local() is None
