@@ -419,9 +419,11 @@ def print_predictor(name: str, predictor: dict[str, Any] | None) -> None:
         return
     for lane, data in predictor["lanes"].items():
         share = data["would_have_made_share"]
+        near = data.get("would_have_waited_share_p50")
         made = (
-            f"{data['would_have_made']}/{data['refusals_judged']} ({share:.0%})"
-            if share is not None
+            f"{data['would_have_made']}/{data['refusals_judged']} ({share:.0%}; they would "
+            f"have waited {near:.2f}x their deadline, median)"
+            if share is not None and near is not None
             else "-"
         )
         print(

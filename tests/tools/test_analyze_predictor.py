@@ -82,11 +82,12 @@ def test_median_absolute_error_per_lane_over_completed_requests() -> None:
 
 def test_refusals_judged_by_the_next_admitted_request_of_their_lane() -> None:
     records = [
-        # Would have made it: the next admitted one (1 s later) waited 300 < 1000 ms.
+        # Would have made it: the next admitted one came 0.4 s later and waited 300 ms, so
+        # it left the queue 700 < 1000 ms after the refusal arrived.
         refused("interactive", 10.0, deadline=1000.0),
-        served("bulk", 10.5, queue=10.0, predicted=10.0),  # another lane: not the successor
-        served("interactive", 11.0, queue=300.0, predicted=300.0),
-        # Right to refuse: the next one waited 2500 >= 2000 ms (it timed out in the queue).
+        served("bulk", 10.2, queue=10.0, predicted=10.0),  # another lane: not the successor
+        served("interactive", 10.4, queue=300.0, predicted=300.0),
+        # Right to refuse: the next one left 2700 >= 2000 ms after it (it timed out).
         refused("interactive", 20.0, deadline=2000.0),
         timed_out("interactive", 20.2, queue=2500.0),
         served("interactive", 21.0, queue=1.0, predicted=1.0),  # later: not the next one
@@ -104,7 +105,22 @@ def test_refusals_judged_by_the_next_admitted_request_of_their_lane() -> None:
     assert lane["refusals_judged"] == 2
     assert lane["would_have_made"] == 1
     assert lane["would_have_made_share"] == pytest.approx(0.5)
+    assert lane["would_have_waited_share_p50"] == pytest.approx((0.7 + 2.7 / 2) / 2)
     assert result["lanes"]["bulk"]["refused_wait_too_long"] == 0
+
+
+def test_a_refusal_is_judged_by_when_its_successor_left_not_by_its_wait() -> None:
+    """The successor waited only 600 of 1000 ms, but it arrived 0.5 s after the refusal:
+    in its place, the refused request would have waited 1100 ms, past its deadline."""
+    records = [
+        refused("bulk", 0.0, deadline=1000.0),
+        served("bulk", 0.5, queue=600.0, predicted=600.0),
+    ]
+    result = predictor_accuracy(records)
+    assert result is not None
+    lane = result["lanes"]["bulk"]
+    assert (lane["refusals_judged"], lane["would_have_made"]) == (1, 0)
+    assert lane["would_have_waited_share_p50"] == pytest.approx(1.1)
 
 
 def test_a_log_without_the_fields_has_no_predictor_section(

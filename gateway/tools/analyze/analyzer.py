@@ -45,7 +45,8 @@ PREDICTOR_RULE = (
     "error = |predicted_wait_ms - queue_ms| over requests that completed (status 200); a "
     "wait_too_long refusal would have made its deadline when the next request of its lane "
     f"admitted within {PREDICTOR_HORIZON_S:g} s after it (completed or queue-timed-out) "
-    "waited less than the refusal's deadline_ms"
+    "left the queue less than the refusal's deadline_ms after the refusal arrived (in a "
+    "lane's first-come order, the refused request would have left in its place)"
 )
 
 VERDICT_TEXT = {
@@ -346,8 +347,14 @@ def predictor_accuracy(
     requests that completed. `would_have_made_share`: of the requests refused as
     `wait_too_long`, the share that would have made their deadline after all,
     estimated by the next request of the same lane that was admitted soon after
-    (within `horizon_s`): had it waited less than the refusal's deadline, the
-    refused request, at the same place in the queue, most likely would have too.
+    (within `horizon_s`). A lane serves its line in arrival order, so the refused
+    request, had it joined, would have left the queue when that successor did:
+    its wait would have been the successor's exit time less its own arrival (not
+    the successor's own wait, which leaves out the gap between the two
+    arrivals). `would_have_waited_share_p50`: that wait as a share of the
+    deadline, the median over the judged refusals; under sustained overload a
+    lane's line settles at its refusal threshold, so this says how near the
+    deadline the refused requests really were.
     Refusals with no such successor (or no deadline) are left out of the share.
     """
     if not any(field in record for record in records for field in PREDICTOR_FIELDS):
@@ -386,7 +393,7 @@ def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, An
         and (queue := number(r, "queue_ms")) is not None
     ]
     admitted = sorted(
-        (arrival, queue)
+        (arrival, arrival + queue / 1000.0)
         for r in records
         if _is_admitted(r)
         and (arrival := arrival_s(r)) is not None
@@ -394,16 +401,19 @@ def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, An
     )
     arrivals = [a for a, _ in admitted]
     refused = [r for r in records if _is_wait_refusal(r)]
-    judged = made = 0
+    made = 0
+    shares: list[float] = []
     for r in refused:
         at, deadline = arrival_s(r), number(r, "deadline_ms")
-        if at is None or deadline is None:
+        if at is None or deadline is None or deadline <= 0:
             continue
         i = bisect.bisect_right(arrivals, at)
         if i == len(admitted) or admitted[i][0] - at > horizon_s:
             continue
-        judged += 1
-        made += admitted[i][1] < deadline
+        would_have_waited_ms = (admitted[i][1] - at) * 1000.0
+        made += would_have_waited_ms < deadline
+        shares.append(would_have_waited_ms / deadline)
+    judged = len(shares)
     return {
         "admitted_with_prediction": len(errors),
         "median_abs_error_ms": _round(percentile(errors, 50)),
@@ -412,6 +422,7 @@ def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, An
         "refusals_judged": judged,
         "would_have_made": made,
         "would_have_made_share": _round(made / judged, 4) if judged else None,
+        "would_have_waited_share_p50": _round(percentile(shares, 50), 3),
     }
 
 

@@ -137,19 +137,25 @@ def predictor_lines(predictor: dict[str, Any]) -> list[str]:
     out = [
         "PREDICTOR per lane: predicted wait at arrival vs queue_ms; wait_too_long refusals",
         f"  {'lane':<24}{'n':>6}{'median |err|':>14}{'p90 |err|':>11}"
-        f"{'refused':>9}{'judged':>8}{'would have made':>17}",
+        f"{'refused':>9}{'judged':>8}{'would have made':>17}{'vs limit':>9}",
     ]
     for lane, data in predictor["lanes"].items():
         share = data["would_have_made_share"]
         made = f"{data['would_have_made']} ({fmt_share(share)})" if share is not None else "-"
+        near = data.get("would_have_waited_share_p50")
         out.append(
             f"  {lane[:23]:<24}{data['admitted_with_prediction']:>6}"
             f"{_ms_or_dash(data['median_abs_error_ms']):>14}"
             f"{_ms_or_dash(data['p90_abs_error_ms']):>11}"
             f"{data['refused_wait_too_long']:>9}{data['refusals_judged']:>8}{made:>17}"
+            f"{'-' if near is None else f'{near:.2f}x':>9}"
         )
     out += textwrap.wrap(
-        predictor["rule"] + ".", width=98, initial_indent="  ", subsequent_indent="  "
+        predictor["rule"] + "; vs limit: the median of the waits the judged refusals would "
+        "have had, over their deadline.",
+        width=98,
+        initial_indent="  ",
+        subsequent_indent="  ",
     )
     return out
 
