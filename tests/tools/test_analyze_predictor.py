@@ -68,6 +68,9 @@ def test_median_absolute_error_per_lane_over_completed_requests() -> None:
         served("interactive", 2.0, queue=400.0, predicted=450.0),  # 50
         served("interactive", 3.0, queue=10.0, predicted=None),  # no prediction: left out
         timed_out("interactive", 4.0, queue=5000.0),  # not a 200: left out of the error
+        # A stream already started by keep-alive comments, then timed out in the queue: a
+        # 200 all the same, and not served either.
+        {**timed_out("interactive", 5.0, queue=5000.0), "status": 200},
         served("bulk", 0.0, queue=2000.0, predicted=1000.0),  # 1000
     ]
     result = predictor_accuracy(records)

@@ -42,7 +42,8 @@ PREDICTOR_FIELDS: tuple[str, ...] = ("predicted_wait_ms", "deadline_ms")
 #: many seconds after it; later ones met a different queue.
 PREDICTOR_HORIZON_S = 5.0
 PREDICTOR_RULE = (
-    "error = |predicted_wait_ms - queue_ms| over requests that completed (status 200); a "
+    "error = |predicted_wait_ms - queue_ms| over requests that were served (status 200, "
+    "not a queue timeout inside a started stream); a "
     "wait_too_long refusal would have made its deadline when the next request of its lane "
     f"admitted within {PREDICTOR_HORIZON_S:g} s after it (completed or queue-timed-out) "
     "left the queue less than the refusal's deadline_ms after the refusal arrived (in a "
@@ -377,6 +378,12 @@ def _is_admitted(record: Record) -> bool:
     return record.get("status") == 200 or outcome_of(record) == "queue_timeout"
 
 
+def _was_served(record: Record) -> bool:
+    """Left the queue for a backend: a 200, unless the 200 was a stream already started
+    (keep-alive comments) that then ended in the queue with a timeout."""
+    return record.get("status") == 200 and outcome_of(record) != "queue_timeout"
+
+
 def _is_wait_refusal(record: Record) -> bool:
     return (
         record.get("error_code") == "wait_too_long"
@@ -388,7 +395,7 @@ def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, An
     errors = [
         abs(predicted - queue)
         for r in records
-        if r.get("status") == 200
+        if _was_served(r)
         and (predicted := number(r, "predicted_wait_ms")) is not None
         and (queue := number(r, "queue_ms")) is not None
     ]
