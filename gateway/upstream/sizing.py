@@ -127,7 +127,9 @@ class BackendSizer:
             backend.max_concurrency = facts.slots
         backend.engine_context_tokens = facts.context_tokens
         if facts.engine == "llama.cpp" and facts.slots and facts.context_tokens:
-            # Its prompt cache is its slots' contexts: remember no more prefixes than that.
+            # Its slots' contexts hold its prompts: remember no more prefixes than that.
+            # (Recent builds also keep evicted prompts in host memory, `--cache-ram`, whose
+            # size /props does not say: what this forgets, the engine may still have.)
             backend.prefixes.capacity_tokens = min(
                 self.settings.routing.prefix_memory_tokens, facts.slots * facts.context_tokens
             )
