@@ -345,7 +345,7 @@ def predictor_accuracy(
 
     Two figures, because the prediction is used twice. `median_abs_error_ms`:
     how far the wait predicted at arrival was from the wait measured, over the
-    requests that completed. `would_have_made_share`: of the requests refused as
+    requests that were served. `would_have_made_share`: of the requests refused as
     `wait_too_long`, the share that would have made their deadline after all,
     estimated by the next request of the same lane that was admitted soon after
     (within `horizon_s`). A lane serves its line in arrival order, so the refused

@@ -527,17 +527,19 @@ def _predictor_table(predictor: dict[str, Any]) -> str:
     for lane, data in predictor["lanes"].items():
         share = data["would_have_made_share"]
         made = "-" if share is None else f"{data['would_have_made']} ({fmt_share(share)})"
+        near = data.get("would_have_waited_share_p50")
         body += (
             f"<tr><td>{e(lane)}</td><td>{data['admitted_with_prediction']}</td>"
             f"<td>{fmt_ms(data['median_abs_error_ms'])}</td>"
             f"<td>{fmt_ms(data['p90_abs_error_ms'])}</td>"
             f"<td>{data['refused_wait_too_long']}</td><td>{data['refusals_judged']}</td>"
-            f"<td>{made}</td></tr>"
+            f"<td>{made}</td><td>{'-' if near is None else f'{near:.2f}x'}</td></tr>"
         )
     return (
-        '<table><thead><tr><th class="text">lane</th><th>completed with a prediction</th>'
+        '<table><thead><tr><th class="text">lane</th><th>served with a prediction</th>'
         "<th>median |error| ms</th><th>p90 |error| ms</th><th>refused wait_too_long</th>"
-        "<th>judged</th><th>would have made the deadline</th></tr></thead>"
+        "<th>judged</th><th>would have made the deadline</th>"
+        "<th>would have waited (of the deadline, median)</th></tr></thead>"
         f"<tbody>{body}</tbody></table>"
         f'<p class="note">{e(predictor["rule"])}.</p>'
     )
