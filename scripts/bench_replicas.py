@@ -55,7 +55,7 @@ from benchlib import Process
 from replica_fleet import (
     Children,
     LeaseWatcher,
-    RedisProcess,
+    RedisServer,
     events,
     gateway_toml,
     peaks,
@@ -105,7 +105,7 @@ class Context:
     args: argparse.Namespace
     out_dir: Path
     children: Children
-    redis: RedisProcess
+    redis: RedisServer
     sims: list[Process]
     session: aiohttp.ClientSession
     capacity: float
@@ -681,7 +681,7 @@ async def scenario_redis_outage(ctx: Context) -> list[Check]:
     burst_peaks = await peaks(ctx.session, ctx.sims)
     ctx.children.stop(replicas)
     await wait_sims_idle(ctx.session, ctx.sims)
-    if ctx.redis.popen is None:
+    if ctx.redis.process is None:
         await asyncio.to_thread(ctx.redis.start)
     unavailable = {r.name: len(events(r, "redis_unavailable")) for r in replicas}
     rejoined = {r.name: len(events(r, "redis_rejoined")) for r in replicas}
@@ -890,7 +890,7 @@ async def main() -> int:
     started = time.monotonic()
     all_checks: dict[str, list[Check]] = {}
     try:
-        children.redis = redis = RedisProcess(binary)
+        children.redis = redis = RedisServer(binary)
         redis.start()
         sims = await start_simulators(children)
         capacity = args.capacity

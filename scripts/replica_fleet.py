@@ -1,6 +1,7 @@
-"""What bench_replicas needs besides benchlib: a Redis process, a fleet of gateway replicas,
-and the witnesses that do not take the gateway's word (the simulator's own peak, Redis's
-own lease set, the request log lines, `/metrics` scraped from outside).
+"""What bench_replicas needs besides benchlib: a Redis process (the tests' `RedisServer`),
+a fleet of gateway replicas, and the witnesses that do not take the gateway's word (the
+simulator's own peak, Redis's own lease set, the request log lines, `/metrics` scraped
+from outside).
 
 Every child is started here and stopped by its PID (`Children.stop_all`), however the
 benchmark ends.
@@ -12,11 +13,8 @@ import asyncio
 import json
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
-from benchlib import ROOT, Process, free_port, start_gateway, start_simulator
+from benchlib import ROOT, Process, start_gateway, start_simulator
 
 sys.path.insert(0, str(ROOT))
 
@@ -36,73 +34,15 @@ from gateway.tools.loadgen import (  # noqa: E402
     run_open_loop,
 )
 
+# The tests' redis-server launcher, one copy for both.
+from tests.redis_server import RedisServer  # noqa: E402
+
 #: The backend names every replica's config gives the simulators (leases are keyed by URL,
 #: so the names only make the logs readable).
 SIM_NAMES = ("sim0", "sim1")
 
 
 # ----------------------------------------------------------------------------- Redis
-
-
-class RedisProcess:
-    """`redis-server` on a loopback port: no persistence, so a restart comes back empty,
-    as a crashed cache would. `stop()` is SIGTERM by PID; `start()` again reuses the port."""
-
-    def __init__(self, binary: str, port: int | None = None) -> None:
-        self.binary = binary
-        self.port = port or free_port()
-        self.dir = tempfile.mkdtemp(prefix="bench-redis-")
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self, timeout_s: float = 10.0) -> None:
-        self.popen = subprocess.Popen(
-            [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", self.dir,
-                "--daemonize", "no",
-                "--logfile", str(Path(self.dir) / "redis.log"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise SystemExit(f"redis-server exited with status {self.popen.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.02)
-        self.stop()
-        raise SystemExit(f"redis-server did not answer PING within {timeout_s:g} s")
-
-    def stop(self) -> None:
-        """SIGTERM by PID (SIGKILL if it does not go within 5 s)."""
-        popen, self.popen = self.popen, None
-        if popen is None or popen.poll() is not None:
-            return
-        popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait(timeout=5)
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def redis_binary() -> str | None:
@@ -117,7 +57,7 @@ class Children:
     """Every process a benchmark started, stopped by PID at the end (or earlier)."""
 
     processes: list[Process] = field(default_factory=list)
-    redis: RedisProcess | None = None
+    redis: RedisServer | None = None
 
     def add(self, *processes: Process) -> None:
         self.processes.extend(processes)

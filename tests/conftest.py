@@ -213,4 +213,4 @@ def redis_server() -> Any:
     server = RedisServer(redis_binary())
     server.start()
     yield server
-    server.stop()
+    server.cleanup()

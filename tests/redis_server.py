@@ -87,6 +87,11 @@ class RedisServer:
             process.kill()
             process.wait(timeout=5)
 
+    def cleanup(self) -> None:
+        """Stop it and remove its directory (its log)."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def kill(self) -> None:
         """SIGKILL: Redis gone at once, as in a crash."""
         if self.process is not None and self.process.poll() is None:
