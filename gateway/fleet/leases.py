@@ -61,6 +61,8 @@ from gateway.upstream.pool import Backend, BackendPool, Slot
 
 #: How long a slot the fleet's line granted may wait here for a request to take it.
 PREPAID_GRACE_S = 0.25
+#: The release listener's longest wait for a pub/sub message before it looks again.
+PUBSUB_POLL_S = 1.0
 
 
 def _ms(seconds: float) -> int:
@@ -110,6 +112,9 @@ class SlotLeases:
         self._background: set[asyncio.Task[Any]] = set()
         self._subscriber = subscriber
         self._listener: asyncio.Task[None] | None = None
+        #: Set by `stop`: the listener ends at its next turn even if redis-py swallowed
+        #: the cancellation (it can, inside a pub/sub connection's teardown).
+        self._stopping = False
         pool.on_prefill_done = self._prefill_done
         pool.on_give_back = self._given_back
         self._local = False
@@ -462,13 +467,13 @@ class SlotLeases:
 
     async def _listen(self) -> None:
         assert self._subscriber is not None
-        while True:
+        while not self._stopping:
             try:
                 async with self._subscriber.pubsub() as pubsub:
                     await pubsub.subscribe(self.channel)
-                    while True:
+                    while not self._stopping:
                         message = await pubsub.get_message(
-                            ignore_subscribe_messages=True, timeout=1.0
+                            ignore_subscribe_messages=True, timeout=PUBSUB_POLL_S
                         )
                         if message is not None:
                             self._freed(message["data"])
@@ -528,10 +533,13 @@ class SlotLeases:
 
     async def stop(self) -> None:
         """Give back every lease still held (best effort; the TTL frees the rest)."""
+        self._stopping = True
         if self._listener is not None:
             self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+            # Not `await`: a cancellation redis-py swallowed would hang the shutdown. The
+            # flag ends the loop within one poll or retry pause.
+            longest_turn_s = max(PUBSUB_POLL_S, self.store.settings.interval_s)
+            await asyncio.wait((self._listener,), timeout=longest_turn_s + 0.5)
         for held in self._held.values():
             for slot in list(held):
                 if slot.lease is not None and self.store.up:

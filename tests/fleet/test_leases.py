@@ -257,3 +257,57 @@ async def test_a_dead_replicas_slot_goes_to_the_line_when_its_lease_ends(replica
     waiting.pool.give_back(refused)
     took = await eventually(lambda: bool(waiting.leases._prepaid[waiting.backend]), within_s=2)
     assert took < 0.5 + 0.2, "granted when the dead one's lease ended, not a tick later"
+
+
+class SwallowingPubSub:
+    """A pub/sub connection whose wait for a message swallows a cancellation, as redis-py's
+    can while its connection is torn down (seen under load when Redis went away)."""
+
+    async def __aenter__(self) -> SwallowingPubSub:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def subscribe(self, channel: str) -> None:
+        return None
+
+    async def get_message(
+        self,
+        *,
+        ignore_subscribe_messages: bool,
+        timeout: float,  # noqa: ASYNC109 - redis-py's signature
+    ) -> None:
+        try:
+            await asyncio.sleep(timeout)
+        except asyncio.CancelledError:
+            pass  # the bug: the listener's cancel never reaches it
+        return None
+
+
+class SwallowingSubscriber:
+    def pubsub(self) -> SwallowingPubSub:
+        return SwallowingPubSub()
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_stop_ends_even_when_the_listener_swallows_its_cancellation(
+    redis_server: RedisServer,
+) -> None:
+    replica = Replica(redis_server.url)
+    leases = SlotLeases(
+        replica.store,
+        replica.pool,
+        replica.scheduler,
+        share=lambda: 0.5,
+        subscriber=SwallowingSubscriber(),  # type: ignore[arg-type]
+    )
+    await leases.start()
+    await asyncio.sleep(0.05)  # the listener waits in get_message
+    started = time.monotonic()
+    await asyncio.wait_for(leases.stop(), timeout=5.0)
+    assert time.monotonic() - started < 3.0
+    assert leases._listener is not None and leases._listener.done()
+    await replica.store.close()
