@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from gateway.upstream.relay import STREAM_HEADERS
+from gateway.upstream.relay import STREAM_HEADERS, SseResponse
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -42,7 +42,7 @@ class EarlyStream:
     def __init__(self, request: web.Request, headers: Mapping[str, str], interval_s: float) -> None:
         self._request = request
         self._interval_s = interval_s
-        self.response = web.StreamResponse(status=200, headers={**STREAM_HEADERS, **headers})
+        self.response = SseResponse(status=200, headers={**STREAM_HEADERS, **headers})
         #: The comment sent at the next tick: QUEUED, then WAITING once dispatched.
         self.phase = QUEUED
         self._task: asyncio.Task[None] | None = None

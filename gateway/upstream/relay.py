@@ -43,6 +43,17 @@ STREAM_HEADERS = {
 }
 
 
+class SseResponse(web.StreamResponse):
+    """The client's stream: its headers leave with its first bytes, in one write.
+
+    aiohttp's StreamResponse sends its headers at `prepare()`, so a relayed stream
+    cost a write (and a segment for the client to read) for the headers alone; its
+    Response already holds them back for the body, and this does the same.
+    """
+
+    _send_headers_immediately = False
+
+
 class UpstreamClient:
     """The HTTP client side: one keep-alive pool plus a fresh-connection fallback."""
 
@@ -239,7 +250,7 @@ async def relay(
         if backend_response.status >= 300 or not content_type.startswith("text/event-stream"):
             return await _relay_body(backend_response, plan, record)
         if plan.early_response is None:
-            client_response = web.StreamResponse(
+            client_response = SseResponse(
                 status=200, headers={**STREAM_HEADERS, **plan.response_headers}
             )
         else:  # its headers count if they have not gone out yet
@@ -341,10 +352,12 @@ async def _relay_stream(
         await client_response.prepare(request)
         record.status = 200
         chunk = first
-        while chunk:
+        while True:
             out = watcher.feed(chunk)
             if record.first_token is None and watcher.first_token_seen:
                 record.first_token = clock()
+            if content.at_eof():  # the backend's stream is over: `out` goes with its end
+                break
             if out:
                 await client_response.write(out)
             if len(chunk) >= BATCH_AFTER_BYTES:
@@ -353,10 +366,19 @@ async def _relay_stream(
                 await asyncio.sleep(0)
             chunk = await content.readany()
             watchdog.last = loop.time()
+            if not chunk:
+                out = b""
+                break
         tail = watcher.flush()
         if tail:
             # An unterminated last event: end it, so a following error event stays apart.
-            await client_response.write(tail if watcher.done else tail + b"\n\n")
+            out += tail if watcher.done else tail + b"\n\n"
+        if watcher.done:
+            # The last events and the stream's end in one write: the client reads its
+            # end with the data, not one turn of its loop later.
+            await client_response.write_eof(out)
+        elif out:  # cut short: an error event follows (below)
+            await client_response.write(out)
     except ConnectionResetError:
         # Writing to a client that has gone, before aiohttp cancelled this handler.
         # (aiohttp's ClientConnectionResetError is one too: check it first.)
@@ -377,7 +399,7 @@ async def _relay_stream(
         record.error_code = STREAM_ERROR_CODE
     else:
         record.outcome = Outcome.OK
-    await client_response.write_eof()
+    await client_response.write_eof()  # a no-op when the end went with the last events
     return client_response
 
 

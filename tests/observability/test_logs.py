@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from enum import StrEnum
@@ -9,7 +10,7 @@ from typing import Any
 
 import aiohttp
 
-from gateway.observability.logs import RequestLog, make_logger
+from gateway.observability.logs import HANDOFF_S, RequestLog, make_logger
 from gateway.observability.record import RequestRecord
 from tests.conftest import DOCUMENTED_LOG_FIELDS, StartGateway, StartSimulator, chat
 
@@ -125,3 +126,45 @@ async def test_prompt_text_is_never_logged(
     for line in gateway.request_lines():
         assert not {"messages", "prompt", "content", "inputs"} & set(line)
         assert line["prompt_tokens"] > 0  # counted, not copied
+
+
+class CountingStream(io.StringIO):
+    """A stdout stand-in that counts the writes the writer thread makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+async def test_a_background_log_hands_a_burst_of_lines_to_its_writer_at_once() -> None:
+    # Waking the writer thread for every line cost the loop more than the line itself.
+    stream = CountingStream()
+    log = RequestLog(stream, background=True)
+    for n in range(50):
+        log.request(record(request_id=f"r-{n}"))
+    assert stream.getvalue() == ""  # held for HANDOFF_S, not written line by line
+    await asyncio.sleep(HANDOFF_S * 4)
+    log.close()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["request_id"] for line in lines] == [f"r-{n}" for n in range(50)]
+    assert stream.writes == 1
+
+
+async def test_closing_a_background_log_writes_the_lines_it_still_holds() -> None:
+    stream = CountingStream()
+    log = RequestLog(stream, background=True)
+    log.request(record(request_id="last"))
+    log.close()  # at shutdown, well before HANDOFF_S
+    assert json.loads(stream.getvalue())["request_id"] == "last"
+
+
+def test_a_background_log_used_outside_the_loop_hands_each_line_over_at_once() -> None:
+    stream = CountingStream()
+    log = RequestLog(stream, background=True)
+    log.request(record(request_id="sync"))
+    log.close()
+    assert json.loads(stream.getvalue())["request_id"] == "sync"
