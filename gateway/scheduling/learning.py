@@ -46,7 +46,12 @@ _TPOT_BUCKET_TOPS = (1, 2, 4, 8, 16, 32)
 
 
 class WindowedMedian:
-    """The median of the last `window` samples, or `prior` before `min_samples`."""
+    """The median of the last `window` samples, or `prior` before `min_samples`.
+
+    The median is taken when it is read after a change, not at every sample:
+    each finished request adds samples to several of these, and most of them
+    are read far less often than that.
+    """
 
     __slots__ = ("prior", "min_samples", "_samples", "_value")
 
@@ -54,15 +59,21 @@ class WindowedMedian:
         self.prior = prior
         self.min_samples = min_samples
         self._samples: deque[float] = deque(maxlen=window)
-        self._value = prior
+        #: The median of the samples as they are, or None when a sample came since.
+        self._value: float | None = prior
 
     def add(self, sample: float) -> None:
         self._samples.append(sample)
-        if len(self._samples) >= self.min_samples:
-            self._value = statistics.median(self._samples)
+        self._value = None
 
     @property
     def value(self) -> float:
+        if self._value is None:
+            self._value = (
+                statistics.median(self._samples)
+                if len(self._samples) >= self.min_samples
+                else self.prior
+            )
         return self._value
 
     @property
