@@ -443,6 +443,12 @@ async def main() -> int:
         help="simulators' prefill cost (0.4)",
     )
     parser.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        help="KV blocks of 16 tokens each simulator's prefix cache holds (the simulator's "
+        "default, 16384: 262k tokens, an 80 GB GPU's; 2048 is a 24 GB GPU's with a 7B model)",
+    )
+    parser.add_argument(
         "--routing",
         action="append",
         default=[],
@@ -475,6 +481,8 @@ async def main() -> int:
     if args.reps < 1 or args.hot_reps < 0 or not args.time_scale > 0 or args.tolerance < 0:
         parser.error("--reps must be >= 1, --time-scale > 0 and --tolerance >= 0")
     SIM_KNOBS.update(max_batch=args.max_batch, prefill_ms_per_token=args.prefill_ms_per_token)
+    if args.prefix_cache_blocks:
+        SIM_KNOBS["prefix_cache_blocks"] = args.prefix_cache_blocks
     out_dir = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
