@@ -29,7 +29,11 @@ counted in the tables) and writes, per scenario, a speedscope file, collapsed
 stacks and an SVG flame graph next to the JSON, and prints the hottest functions
 (own and total share of the busy samples).
 
-    python scripts/bench_overhead.py [--quick] [--profile] [--json results/bench_overhead.json]
+`--baseline REV` runs the gateway at an earlier git revision too (its files from
+`git archive`, this checkout's virtualenv), in the same interleaved rounds, with a
+"gateway / gateway@base" row in each table: a change's before and after in one run.
+
+    python scripts/bench_overhead.py [--quick] [--profile] [--baseline REV] [--json FILE]
 
 Full run about 6 minutes (+30 s with --profile), `--quick` about 2. Loopback only;
 every process it starts is stopped on exit, Ctrl-C and errors included. The
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import html
+import io
 import json
 import os
 import platform
@@ -49,6 +54,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zlib
@@ -74,6 +80,9 @@ PROFILE_RATE_HZ = 250
 BIG_PROMPT_WORDS = 100_000  # "word " is ~1 token: ~100k tokens, over the default 32k cap
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DIRECT, PASSTHROUGH, NGINX, GATEWAY = "direct", "passthrough", "nginx", "gateway"
+#: `--baseline REV`: the gateway's code at an earlier revision, measured beside this one.
+BASELINE = "gateway@base"
+GATEWAYS = (GATEWAY, BASELINE)
 S4_WITH, S4_WITHOUT = "gateway, 100k prompts", "gateway, none"
 
 
@@ -88,15 +97,19 @@ class Fleet:
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
         process = subprocess.Popen(
             argv,
-            cwd=ROOT,
+            cwd=cwd,
             env={**os.environ, **(env or {})},
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL if name == GATEWAY else log,
+            stdout=subprocess.DEVNULL if name in GATEWAYS else log,
             stderr=log,
             start_new_session=True,
             preexec_fn=die_with_parent,
@@ -736,6 +749,8 @@ def print_table(
 
 def ratio_rows(names: Iterable[str]) -> list[tuple[str, str, str]]:
     rows = []
+    if GATEWAY in names and BASELINE in names:
+        rows.append(("gateway / gateway@base", GATEWAY, BASELINE))
     if GATEWAY in names and PASSTHROUGH in names:
         rows.append(("gateway / passthrough", GATEWAY, PASSTHROUGH))
     if GATEWAY in names and DIRECT in names:
@@ -1005,11 +1020,35 @@ async def start_everything(args: argparse.Namespace, fleet: Fleet) -> Bench:
     conf.write_text(gateway_config(port, mock_url, max(2048, args.open_streams + 256)))
     gateway = fleet.start(GATEWAY, [python, "-m", "gateway", "serve", "--config", str(conf)])
     targets[GATEWAY] = Target(GATEWAY, f"http://{HOST}:{port}", gateway.pid)
+    if args.baseline:
+        source = checkout(args.baseline, fleet.workdir / "baseline")
+        port = free_port()
+        conf = fleet.workdir / "baseline.toml"
+        conf.write_text(gateway_config(port, mock_url, max(2048, args.open_streams + 256)))
+        process = fleet.start(
+            BASELINE, [python, "-m", "gateway", "serve", "--config", str(conf)], cwd=source
+        )
+        targets[BASELINE] = Target(BASELINE, f"http://{HOST}:{port}", process.pid)
 
     await wait_fleet_ready(mock_url, "/health", fleet)
     for name, target in targets.items():
-        await wait_fleet_ready(target.url, "/readyz" if name == GATEWAY else "/health", fleet)
+        await wait_fleet_ready(target.url, "/readyz" if name in GATEWAYS else "/health", fleet)
     return Bench(args, fleet, mock.pid, mock_url, targets)
+
+
+def checkout(revision: str, into: Path) -> Path:
+    """The repository's files at `revision` (`git archive`), to run its gateway from."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", revision],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {revision}: {archive.stderr.decode(errors='replace')}")
+    into.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
 
 
 def environment_notes(bench: Bench) -> dict[str, Any]:
@@ -1041,7 +1080,7 @@ async def run(args: argparse.Namespace, fleet: Fleet) -> dict[str, Any]:
     only = set(args.only.split(",")) if args.only else {"s1", "s2", "s2w", "s3", "s4", "mem"}
     args.profile = args.profile or "profile" in only
     bench = await start_everything(args, fleet)
-    names = [n for n in (DIRECT, PASSTHROUGH, NGINX, GATEWAY) if n in bench.targets]
+    names = [n for n in (DIRECT, PASSTHROUGH, NGINX, BASELINE, GATEWAY) if n in bench.targets]
     proxies = [n for n in names if n != DIRECT]
     report: dict[str, Any] = {"environment": environment_notes(bench), "settings": vars(args)}
     if NGINX not in bench.targets:
@@ -1304,6 +1343,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--open-streams", type=int, default=1000, help="streams for the RSS test")
     parser.add_argument("--only", help="comma list of s1,s2,s2w,s3,s4,mem,profile (default: all)")
     parser.add_argument("--no-nginx", action="store_true", help="leave nginx out")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the gateway at git revision REV (e.g. main, HEAD~3) beside this one",
+    )
     parser.add_argument(
         "--no-uvloop", action="store_true", help="mock and client on asyncio's loop"
     )
