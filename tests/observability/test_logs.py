@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -165,6 +166,9 @@ async def test_closing_a_background_log_writes_the_lines_it_still_holds() -> Non
 def test_a_background_log_used_outside_the_loop_hands_each_line_over_at_once() -> None:
     stream = CountingStream()
     log = RequestLog(stream, background=True)
-    log.request(record(request_id="sync"))
-    log.close()
+    log.request(record(request_id="sync"))  # no loop: no timer to hold it for
+    deadline = time.monotonic() + 2.0
+    while not stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert json.loads(stream.getvalue())["request_id"] == "sync"
+    log.close()
