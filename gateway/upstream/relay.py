@@ -399,8 +399,7 @@ async def _relay_stream(
         record.error_code = STREAM_ERROR_CODE
     else:
         record.outcome = Outcome.OK
-    await client_response.write_eof()  # a no-op when the end went with the last events
-    return client_response
+    return client_response  # its end went out with its last events
 
 
 async def _fail_stream(
