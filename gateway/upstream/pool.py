@@ -44,8 +44,10 @@ its cache, so a hot prefix spreads instead of piling up. Between backends
 holding as much of the prompt, the session's backend (rendezvous hashing,
 `affinity.py`) wins while it is within the margin, so a conversation's first
 turn lands where its later turns, through any replica, will look for it; then
-the soonest first token. Picking and reserving a slot is one synchronous step: two
-requests cannot race for the same "least loaded" backend.
+the soonest first token. A request may wait in line for a busy backend that would
+still start it sooner (`_defer`); the slots that backend frees are kept for its
+waiters while another backend has room. Picking and reserving a slot is one
+synchronous step: two requests cannot race for the same "least loaded" backend.
 
 Health: a backend is available while its last active check passed and it is
 not ejected. Consecutive failures (connect errors, 5xx, first-byte timeouts)
@@ -75,6 +77,16 @@ from gateway.upstream.prefix_index import PrefixIndex
 
 #: Why a backend was chosen (the routing metric's label).
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
+
+
+def _spare_slots(backend: Backend, hint: RouteHint | None, now: float) -> int:
+    """Free slots on `backend` that no other request waiting in line for it will take."""
+    if not backend.waiters:
+        return backend.free_slots
+    waiting = sum(
+        1 for other, until in backend.waiters.items() if until > now and other is not hint
+    )
+    return backend.free_slots - waiting
 
 
 def _busy(backend: Backend) -> float:
@@ -354,6 +366,12 @@ class BackendPool:
         ]
         if not candidates:
             return None
+        # A slot that requests in line are waiting for is theirs while another backend
+        # has room: taken by whoever is served first, it would send the waiter, after
+        # its wait, to prefill its whole history on a cold engine.
+        unreserved = [b for b in candidates if _spare_slots(b, hint, now) > 0]
+        if unreserved:
+            candidates = unreserved
         routing = self.routing
         prefix = hint.prefix if hint is not None and routing.prefix_affinity else None
         session = hint.session if hint is not None and routing.session_affinity else None
@@ -458,7 +476,7 @@ class BackendPool:
                 matched = min(prompt_tokens, backend.prefixes.matched_tokens(prefix))
                 cached = int(matched * backend.model.cache_hit_share)
             slot_wait = 0.0
-            if backend.free_slots <= 0:
+            if _spare_slots(backend, hint, now) <= 0:
                 waiting = sum(1 for until in backend.waiters.values() if until > now)
                 slot_wait = (ahead + waiting + 1) * backend.hold_s / backend.max_concurrency
             # The prefill in flight there goes on while the request waits for the slot.

@@ -295,6 +295,33 @@ def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -
     assert isinstance(other, Slot)
 
 
+def test_a_freed_slot_goes_to_the_turn_waiting_for_it_while_another_backend_has_room() -> None:
+    backends = [Backend(f"b{n}", f"http://b{n}", 1) for n in range(3)]
+    pool = BackendPool(backends, clock=time.monotonic)
+    first = pool.try_take("x", 2000, hint=RouteHint(conversation("q1", tokens=1000)))
+    assert isinstance(first, Slot)
+    pool.prefill_done(first)
+    home = first.backend
+    home.hold_s = 0.1
+    turn = RouteHint(conversation("q1", "a1 q2", tokens=1000))
+    assert isinstance(pool.try_take("x", 3000, hint=turn, waited_s=0.0), Deferred)
+    pool.give_back(first)  # home frees its slot while the turn waits in line for it
+    # Served first, a request with no prompt of its own cached takes another free backend,
+    # and so does one that may not wait (a retry).
+    other = pool.try_take("x", 100, hint=RouteHint(), waited_s=0.0)
+    assert isinstance(other, Slot) and other.backend is not home
+    retry = pool.try_take("x", 100, hint=RouteHint())
+    assert isinstance(retry, Slot) and retry.backend not in (home, other.backend)
+    # With home the only free one, the request first in line takes it: no slot idles.
+    ahead = pool.try_take("x", 100)
+    assert isinstance(ahead, Slot) and ahead.backend is home
+    pool.give_back(ahead)
+    # The waiting turn gets its home, with its history cached.
+    served = pool.try_take("x", 3000, hint=turn, waited_s=0.05)
+    assert isinstance(served, Slot) and served.backend is home and served.cached_tokens == 2000
+    assert not home.waiters
+
+
 def test_max_wait_for_sooner_caps_the_wait_and_zero_turns_it_off() -> None:
     for cap, expected in ((0.1, 0.1), (0.0, None)):
         backends = [Backend(f"b{n}", f"http://b{n}", 1) for n in range(2)]
