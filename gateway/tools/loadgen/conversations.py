@@ -113,9 +113,24 @@ MULTI_TURN_HOT = dataclasses.replace(
     MULTI_TURN, name="multi-turn-hot", tenants=1, system_tokens=(1500, 2000)
 )
 
+#: An agent's loop (a coding assistant, a tool-using bot): each turn sends back a tool's
+#: output of up to 1500 tokens and gets a short reply (the next tool call), a second or
+#: two later, for 6-12 turns; the history reaches ~10k tokens, which is where the
+#: published prefix-routing gains come from. Fewer one-offs: agents run in sessions.
+AGENT = ConversationMix(
+    "agent",
+    conversations=24,
+    system_tokens=(1000, 3000),
+    user_tokens=(300, 1500),
+    turns=(6, 12),
+    max_tokens=(30, 120),
+    think_s=2.0,
+    one_off_share=0.1,
+)
+
 #: The conversation mixes `--mix NAME` accepts (next to the one-request mixes).
 NAMED_CONVERSATION_MIXES: dict[str, ConversationMix] = {
-    mix.name: mix for mix in (MULTI_TURN, MULTI_TURN_HOT)
+    mix.name: mix for mix in (MULTI_TURN, MULTI_TURN_HOT, AGENT)
 }
 
 

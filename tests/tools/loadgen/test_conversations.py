@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 
-from gateway.admission.tokens import TokenCounter, chat_prompt_parts
+from gateway.admission.tokens import (
+    REPLY_PRIMING_TOKENS,
+    TOKENS_PER_MESSAGE,
+    TokenCounter,
+    chat_prompt_parts,
+)
+from gateway.config import LimitsSettings
 from gateway.tools.loadgen import (
     MULTI_TURN,
     MULTI_TURN_HOT,
@@ -40,7 +46,7 @@ def gateway_count(messages: list[dict[str, str]]) -> int:
 
 
 def test_named_mixes() -> None:
-    assert set(NAMED_CONVERSATION_MIXES) == {"multi-turn", "multi-turn-hot"}
+    assert set(NAMED_CONVERSATION_MIXES) == {"multi-turn", "multi-turn-hot", "agent"}
     assert MULTI_TURN.tenants == 8 and MULTI_TURN_HOT.tenants == 1
     assert 32 <= MULTI_TURN.conversations <= 64
     assert MULTI_TURN.system_tokens == (500, 2000) and MULTI_TURN.turns == (3, 8)
@@ -51,6 +57,17 @@ def test_named_mixes() -> None:
         dataclasses.replace(MULTI_TURN, one_off_share=1.0)
     with pytest.raises(ValueError, match="think_s"):
         dataclasses.replace(MULTI_TURN, think_s=float("nan"))
+
+
+def test_an_agents_history_stays_under_the_default_prompt_cap() -> None:
+    """The agent mix's longest history (every turn at its largest) is still admitted."""
+    agent = NAMED_CONVERSATION_MIXES["agent"]
+    per_turn = agent.user_tokens[1] + agent.max_tokens[1] + 2 * TOKENS_PER_MESSAGE
+    longest = agent.system_tokens[1] + agent.turns[1] * per_turn + REPLY_PRIMING_TOKENS
+    assert agent.user_tokens[0] >= 300 and agent.turns[0] >= 6  # long histories, its point
+    assert longest < LimitsSettings().max_prompt_tokens
+    plan = plan_conversations(dataclasses.replace(agent, conversations=4), seed=1)
+    assert all(6 <= len(c.turns) <= 12 for c in plan.conversations)
 
 
 def test_the_plan_is_seeded() -> None:
