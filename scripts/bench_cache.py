@@ -14,17 +14,18 @@ conversations over eight tenants' system prompts, histories that grow by the
 model's replies, think time between turns, 20% one-off requests), the
 pile-up case (`multi-turn-hot`: one system prompt in every conversation) and an
 agent's loop (`agent`: tool outputs of 300-1500 tokens a turn, 6-12 turns, short
-replies, histories to ~10k tokens), in interleaved repetitions (least-load, cache-aware, cache-aware, least-load, ...)
-so that whatever else this 2-core machine does lands on both alike; the
-simulators and the gateway are restarted for every run, so each starts with
-cold caches. Think times and the start window are scaled down (`--time-scale`)
+replies, histories to ~10k tokens), in interleaved repetitions (least-load,
+cache-aware, cache-aware, least-load, ...) so that whatever else this 2-core
+machine does lands on both alike; the simulators and the gateway are restarted
+for every run, so each starts with cold caches. Think times and the start window are scaled down (`--time-scale`)
 so that a run takes about a minute (48 conversations; least-load then serves
 ~5 requests/s at a mean TTFT about 1.6x its idle prefill).
 
 The simulators' knobs make prefill matter (why, next to SIM_KNOBS): a 2000-token
 prompt costs ~0.85 s of prefill on an idle simulator, and with a batch of eight
-a request waits mostly for the prefill of others in its engine. The checks (issue #10's targets), on the requests
-of each configuration pooled over the repetitions:
+a request waits mostly for the prefill of others in its engine. The checks
+(issue #10's targets), on the requests of each configuration pooled over the
+repetitions:
 
   * multi-turn and agent: mean TTFT >= 3x lower with cache-aware routing
   * multi-turn and agent: P99 TTFT >= 2x lower with cache-aware routing
@@ -242,13 +243,13 @@ def cacheable_tokens(run: Run) -> tuple[int, int]:
     The bound no routing can beat, whatever its backends: one cache holding everything
     ever sent. A later turn could reuse its previous turn's prompt and reply; a first
     turn its tenant's system prompt once any earlier conversation sent it; a one-off
-    nothing. The new user message, or tool output, is always prefilled, so
-    (1 - this) / (1 - a config's hit ratio) bounds the prefill work it can save.
+    nothing. The new user message, or tool output, is always prefilled, so least-load's
+    uncached share over the one left here is the most prefill work routing can save.
     """
     tenant_start: dict[int, float] = {}
     for conversation in run.plan.conversations:
-        first = tenant_start.get(conversation.tenant)
-        tenant_start[conversation.tenant] = min(conversation.start_s, first or math.inf)
+        first = tenant_start.get(conversation.tenant, math.inf)
+        tenant_start[conversation.tenant] = min(conversation.start_s, first)
     by_id = {c.id: c for c in run.plan.conversations}
     by_turn = {
         (r.conversation, r.turn): r for r in run.result.results if r.conversation is not None

@@ -115,8 +115,9 @@ MULTI_TURN_HOT = dataclasses.replace(
 
 #: An agent's loop (a coding assistant, a tool-using bot): each turn sends back a tool's
 #: output of up to 1500 tokens and gets a short reply (the next tool call), a second or
-#: two later, for 6-12 turns; the history reaches ~10k tokens, which is where the
-#: published prefix-routing gains come from. Fewer one-offs: agents run in sessions.
+#: two later, for 6-12 turns; the history reaches ~10k tokens, the kind of workload
+#: published prefix-routing figures are measured on. Fewer one-offs: agents run in
+#: sessions.
 AGENT = ConversationMix(
     "agent",
     conversations=24,
