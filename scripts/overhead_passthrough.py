@@ -4,8 +4,9 @@
 No parsing, no admission, no timeouts, no log line: one keep-alive client
 session, `iter_any()` from the backend, `write()` to the client. What the
 gateway costs beyond this is what its features cost; what this costs beyond
-the backend directly is what aiohttp costs. Runs on asyncio's own loop (like
-the gateway) unless `--uvloop`.
+the backend directly is what aiohttp costs. Runs on asyncio's own loop unless
+`--uvloop` (the gateway runs on uvloop by default, `[server] uvloop`; the
+benchmarks start this one without it).
 
     python scripts/overhead_passthrough.py --port 8081 --backend http://127.0.0.1:8000
 """
