@@ -500,7 +500,7 @@ def order(configs: list[str], rep: int) -> list[str]:
 
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 rep, 20 conversations (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="1 rep, 20 conversations (~5 min)")
     parser.add_argument("--reps", type=int, help="repetitions on multi-turn (2; quick 1)")
     parser.add_argument("--hot-reps", type=int, default=1, help="on multi-turn-hot (1)")
     parser.add_argument("--agent-reps", type=int, default=1, help="on agent (1)")
@@ -567,7 +567,10 @@ async def main() -> int:
         or not args.time_scale > 0
         or args.tolerance < 0
     ):
-        parser.error("--reps must be >= 1, --time-scale > 0 and --tolerance >= 0")
+        parser.error(
+            "--reps must be >= 1, --hot-reps and --agent-reps >= 0, --time-scale > 0 "
+            "and --tolerance >= 0"
+        )
     SIM_KNOBS.update(max_batch=args.max_batch, prefill_ms_per_token=args.prefill_ms_per_token)
     if args.prefix_cache_blocks:
         SIM_KNOBS["prefix_cache_blocks"] = args.prefix_cache_blocks

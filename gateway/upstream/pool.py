@@ -79,14 +79,12 @@ from gateway.upstream.prefix_index import PrefixIndex
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
 
 
-def _spare_slots(backend: Backend, hint: RouteHint | None, now: float) -> int:
-    """Free slots on `backend` that no other request waiting in line for it will take."""
+def _waiting_for(backend: Backend, hint: RouteHint | None, now: float) -> int:
+    """Requests other than `hint`'s waiting in line for `backend`: its next free slots
+    are theirs."""
     if not backend.waiters:
-        return backend.free_slots
-    waiting = sum(
-        1 for other, until in backend.waiters.items() if until > now and other is not hint
-    )
-    return backend.free_slots - waiting
+        return 0
+    return sum(1 for other, until in backend.waiters.items() if until > now and other is not hint)
 
 
 def _busy(backend: Backend) -> float:
@@ -369,7 +367,7 @@ class BackendPool:
         # A slot that requests in line are waiting for is theirs while another backend
         # has room: taken by whoever is served first, it would send the waiter, after
         # its wait, to prefill its whole history on a cold engine.
-        unreserved = [b for b in candidates if _spare_slots(b, hint, now) > 0]
+        unreserved = [b for b in candidates if b.free_slots > _waiting_for(b, hint, now)]
         if unreserved:
             candidates = unreserved
         routing = self.routing
@@ -476,8 +474,8 @@ class BackendPool:
                 matched = min(prompt_tokens, backend.prefixes.matched_tokens(prefix))
                 cached = int(matched * backend.model.cache_hit_share)
             slot_wait = 0.0
-            if _spare_slots(backend, hint, now) <= 0:
-                waiting = sum(1 for until in backend.waiters.values() if until > now)
+            waiting = _waiting_for(backend, hint, now)  # (it is on no list yet: see above)
+            if backend.free_slots <= waiting:
                 slot_wait = (ahead + waiting + 1) * backend.hold_s / backend.max_concurrency
             # The prefill in flight there goes on while the request waits for the slot.
             in_prefill = backend.prefilling_s + backend.others_prefilling_s
