@@ -45,9 +45,11 @@ holding as much of the prompt, the session's backend (rendezvous hashing,
 `affinity.py`) wins while it is within the margin, so a conversation's first
 turn lands where its later turns, through any replica, will look for it; then
 the soonest first token. A request may wait in line for a busy backend that would
-still start it sooner (`_defer`); the slots that backend frees are kept for its
-waiters while another backend has room. Picking and reserving a slot is one
-synchronous step: two requests cannot race for the same "least loaded" backend.
+still start it sooner (`_defer`), counting the prefill that starting elsewhere would
+repeat; the slots and prefill room that backend frees are kept for its waiters, in
+the order they began to wait, while another backend has room. Picking and reserving
+a slot is one synchronous step: two requests cannot race for the same "least loaded"
+backend.
 
 Health: a backend is available while its last active check passed and it is
 not ejected. Consecutive failures (connect errors, 5xx, first-byte timeouts)
@@ -79,12 +81,54 @@ from gateway.upstream.prefix_index import PrefixIndex
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
 
 
-def _waiting_for(backend: Backend, hint: RouteHint | None, now: float) -> int:
-    """Requests other than `hint`'s waiting in line for `backend`: its next free slots
-    are theirs."""
+@dataclass(slots=True)
+class Wait:
+    """A request waiting in line for one backend: until when, and the prefill it will add."""
+
+    until: float
+    prefill_tokens: int
+    prefill_s: float
+
+
+@dataclass(slots=True, frozen=True)
+class Kept:
+    """What a backend keeps for the requests waiting in line for it: theirs when it frees."""
+
+    slots: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+
+
+NOTHING_KEPT = Kept()
+
+
+@dataclass(slots=True, frozen=True)
+class Choice:
+    """A backend that could take the request now, with its ranking key."""
+
+    key: tuple[int, bool, int, float, int]
+    backend: Backend
+    cached: int
+    matched: int
+    ttft: float
+
+
+def _kept_for_others(backend: Backend, hint: RouteHint | None, now: float) -> Kept:
+    """What `backend` keeps for the requests waiting in line for it ahead of `hint` (all
+    of them, when `hint` waits for none): what it frees is theirs, in the order they
+    began to wait."""
     if not backend.waiters:
-        return 0
-    return sum(1 for other, until in backend.waiters.items() if until > now and other is not hint)
+        return NOTHING_KEPT
+    slots = prefill_tokens = 0
+    prefill_s = 0.0
+    for other, wait in backend.waiters.items():
+        if other is hint:
+            break
+        if wait.until > now:
+            slots += 1
+            prefill_tokens += wait.prefill_tokens
+            prefill_s += wait.prefill_s
+    return Kept(slots, prefill_tokens, prefill_s)
 
 
 def _busy(backend: Backend) -> float:
@@ -157,8 +201,8 @@ class Backend:
     #: Moving average of how long a request holds a slot here (None: none ended yet):
     #: how soon a slot frees, for a request deciding whether to wait for this backend.
     hold_s: float | None = None
-    #: Requests deferred to wait for a slot here (their hint: when they stop waiting).
-    waiters: WeakKeyDictionary[RouteHint, float] = field(default_factory=WeakKeyDictionary)
+    #: Requests deferred to wait for room here, in the order they began to wait.
+    waiters: WeakKeyDictionary[RouteHint, Wait] = field(default_factory=WeakKeyDictionary)
     _prefilling: set[Slot] = field(default_factory=set)
 
     @classmethod
@@ -194,16 +238,17 @@ class Backend:
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.ejected_until
 
-    def can_prefill(self, prompt_tokens: int) -> bool:
-        """Room in the prefill budget; a prompt over it goes when nothing else prefills."""
-        if not self.prefilling_tokens and not self.others_prefilling_s:
+    def can_prefill(self, prompt_tokens: int, kept: Kept = NOTHING_KEPT) -> bool:
+        """Room in the prefill budget, less what is `kept` for requests waiting in line;
+        a prompt over it goes when nothing else prefills."""
+        if not self.prefilling_tokens and not self.others_prefilling_s and not kept.prefill_s:
             return True
         if self.max_prefill_tokens and (
-            self.prefilling_tokens + prompt_tokens > self.max_prefill_tokens
+            self.prefilling_tokens + kept.prefill_tokens + prompt_tokens > self.max_prefill_tokens
         ):
             return False
         if self.prefill_budget_s:
-            in_prefill = self.prefilling_s + self.others_prefilling_s
+            in_prefill = self.prefilling_s + self.others_prefilling_s + kept.prefill_s
             return in_prefill + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
         return True
 
@@ -364,12 +409,6 @@ class BackendPool:
         ]
         if not candidates:
             return None
-        # A slot that requests in line are waiting for is theirs while another backend
-        # has room: taken by whoever is served first, it would send the waiter, after
-        # its wait, to prefill its whole history on a cold engine.
-        unreserved = [b for b in candidates if b.free_slots > _waiting_for(b, hint, now)]
-        if unreserved:
-            candidates = unreserved
         routing = self.routing
         prefix = hint.prefix if hint is not None and routing.prefix_affinity else None
         session = hint.session if hint is not None and routing.session_affinity else None
@@ -378,11 +417,12 @@ class BackendPool:
             affine = self._session_backend(lane, session, now)
         # Only backends within the margin of the least loaded may win by cache or session.
         within = min(_busy(backend) for backend in candidates) + routing.cache_load_margin
-        best: Backend | None = None
-        best_key: tuple[int, bool, int, float, int] = (0, False, 0, 0.0, 0)
-        best_cached = best_matched = 0
-        best_ttft = 0.0
-        roomy = []
+        # The room a backend keeps for the requests in line waiting for it is theirs while
+        # another backend has room: taken by whoever is served first, it would send the
+        # waiter, after its wait, to prefill its whole history on a cold engine.
+        best: Choice | None = None
+        best_free: Choice | None = None
+        roomy, roomy_free = [], []
         for backend in candidates:
             cached = matched = 0
             favoured = _busy(backend) <= within
@@ -392,7 +432,6 @@ class BackendPool:
             uncached = prompt_tokens - cached
             if not backend.can_prefill(uncached):
                 continue
-            roomy.append(backend)
             ttft = (
                 backend.prefilling_s
                 + backend.others_prefilling_s
@@ -407,26 +446,34 @@ class BackendPool:
                 backend.outstanding_tokens / backend.weight,
                 backend.in_flight,
             )
-            if best is None or key < best_key:
-                best, best_key, best_cached, best_matched = backend, key, cached, matched
-                best_ttft = ttft
+            choice = Choice(key, backend, cached, matched, ttft)
+            roomy.append(backend)
+            if best is None or key < best.key:
+                best = choice
+            kept = _kept_for_others(backend, hint, now)
+            if backend.free_slots > kept.slots and backend.can_prefill(uncached, kept):
+                roomy_free.append(backend)
+                if best_free is None or key < best_free.key:
+                    best_free = choice
+        if best_free is not None:  # else the first in line takes what is kept
+            best, roomy = best_free, roomy_free
         if best is None:
             return None
         if hint is not None and waited_s is not None and routing.max_wait_for_sooner_s:
-            deferred = self._defer(
-                lane, prompt_tokens, hint, best_ttft, roomy, waited_s, ahead, now
-            )
+            deferred = self._defer(lane, prompt_tokens, hint, best, roomy, waited_s, ahead, now)
             if deferred is not None:
                 return deferred
             for backend in self.backends_of(lane):  # it waits for none of them any more
                 if backend.waiters:
                     backend.waiters.pop(hint, None)
-        if best_cached:
+        if best.cached:
             reason = BY_PREFIX
         else:
-            reason = BY_SESSION if best is affine and not best_key[1] else BY_LOAD
-        slot = self._reserve(best, prompt_tokens, output_tokens, best_cached, reason, prefix, now)
-        slot.matched_tokens = best_matched
+            reason = BY_SESSION if best.backend is affine and not best.key[1] else BY_LOAD
+        slot = self._reserve(
+            best.backend, prompt_tokens, output_tokens, best.cached, reason, prefix, now
+        )
+        slot.matched_tokens = best.matched
         return slot
 
     def _defer(
@@ -434,38 +481,40 @@ class BackendPool:
         lane: str,
         prompt_tokens: int,
         hint: RouteHint,
-        best_ttft: float,
+        best: Choice,
         roomy: list[Backend],
         waited_s: float,
         ahead: int,
         now: float,
     ) -> Deferred | None:
         """Deferred while a busy backend would give a sooner first token than the best
-        free one (`best_ttft`) even after this request's wait for a slot there.
+        free one (`best`) even after this request's wait for a slot there.
 
-        Sooner because its engine has more of the prompt cached, or is faster. The wait
-        for a slot there is predicted from how often its slots free: the requests ahead
-        in line and those already waiting for it go first, one release each, so a hot
-        prefix or a fast engine draws only the waiters it can serve in time and the
-        rest go elsewhere at once. It waits at most the gain (so at worst its first
-        token comes twice as late as on the free backend), within its budget
-        (`max_wait_for_sooner_s`, at most half its queue deadline), once: when that
-        wait is over it takes the best free backend. Requests behind it in line are
-        served meanwhile.
+        Sooner because its engine has more of the prompt cached, or is faster. Starting
+        on the free one where less is cached also costs others: its engine prefills
+        again what the busy one holds, and every request behind it there waits as long,
+        so that prefill counts against the free one twice. The wait for a slot is
+        predicted from how often its slots free: the requests ahead in line and those
+        already waiting for it go first, one release each (and their prefill before its
+        own), so a hot prefix or a fast engine draws only the waiters it can serve in
+        time and the rest go elsewhere at once. It waits at most the gain, within its
+        budget (`max_wait_for_sooner_s`, at most half its queue deadline), once: when
+        that wait is over it takes the best free backend. Requests behind it in line
+        are served meanwhile, but not with what the backend it waits for frees.
         """
         budget = min(self.routing.max_wait_for_sooner_s, hint.wait_budget_s) - waited_s
         for backend in self.backends_of(lane):
-            until = backend.waiters.get(hint)
-            if until is not None:  # waiting for it: until it has room or patience runs out
-                if until > now and budget > 0 and backend.available(now):
+            wait = backend.waiters.get(hint)
+            if wait is not None:  # waiting for it: until it has room or patience runs out
+                if wait.until > now and budget > 0 and backend.available(now):
                     if backend not in roomy:
-                        return Deferred(until - now)
+                        return Deferred(wait.until - now)
                 del backend.waiters[hint]
                 return None  # it has room now (it is the best free one) or the wait is over
         if budget <= 0:
             return None
         prefix = hint.prefix if self.routing.prefix_affinity else None
-        target, net_gain, gross_gain = None, 0.0, 0.0
+        target, net_gain, gross_gain, target_wait = None, 0.0, 0.0, None
         for backend in self.backends_of(lane):
             if backend in roomy or backend.hold_s is None or not backend.available(now):
                 continue
@@ -473,25 +522,31 @@ class BackendPool:
             if prefix is not None:
                 matched = min(prompt_tokens, backend.prefixes.matched_tokens(prefix))
                 cached = int(matched * backend.model.cache_hit_share)
+            # It is on no list yet (see above): every waiter there goes first.
+            kept = _kept_for_others(backend, hint, now)
             slot_wait = 0.0
-            waiting = _waiting_for(backend, hint, now)  # (it is on no list yet: see above)
-            if backend.free_slots <= waiting:
-                slot_wait = (ahead + waiting + 1) * backend.hold_s / backend.max_concurrency
-            # The prefill in flight there goes on while the request waits for the slot.
-            in_prefill = backend.prefilling_s + backend.others_prefilling_s
-            ttft = max(0.0, in_prefill - slot_wait) + backend.model.prefill_s(
-                prompt_tokens - cached
-            )
-            gain = best_ttft - ttft
+            if backend.free_slots <= kept.slots:
+                slot_wait = (ahead + kept.slots + 1) * backend.hold_s / backend.max_concurrency
+            # The prefill in flight there, then the waiters', goes on while the request
+            # waits for the slot.
+            ahead_s = backend.prefilling_s + backend.others_prefilling_s + kept.prefill_s
+            own_prefill_s = backend.model.prefill_s(prompt_tokens - cached)
+            ttft = max(0.0, ahead_s - slot_wait) + own_prefill_s
+            # Starting where less is cached also prefills, there, what this backend has
+            # cached: time every request behind it on that engine waits too.
+            lost_s = max(0, cached - best.cached) / best.backend.model.prefill_tokens_per_s
+            gain = best.ttft + lost_s - ttft
             if gain - slot_wait > net_gain:
                 target, net_gain, gross_gain = backend, gain - slot_wait, gain
-        if target is None:
+                target_wait = Wait(0.0, prompt_tokens - cached, own_prefill_s)
+        if target is None or target_wait is None:
             return None
         patience = min(budget, gross_gain)
-        for other, until in list(target.waiters.items()):
-            if until <= now:
+        for other, wait in list(target.waiters.items()):
+            if wait.until <= now:
                 del target.waiters[other]
-        target.waiters[hint] = now + patience
+        target_wait.until = now + patience
+        target.waiters[hint] = target_wait
         return Deferred(patience)
 
     def _session_backend(self, lane: str, session: str, now: float) -> Backend | None:

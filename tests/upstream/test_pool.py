@@ -264,14 +264,15 @@ def test_a_turn_waits_for_its_full_home_only_as_long_as_the_prefill_it_saves() -
     pool.prefill_done(first)  # it streams its answer now
     home = first.backend
     turn = RouteHint(conversation("q1", "a1 q2", tokens=1000))
-    home.hold_s = 0.1  # its slot frees about every 0.1 s
+    home.hold_s = 0.2  # its slot frees about every 0.2 s
     # Home is full; the other backend would prefill 2000 tokens more (0.24 s at the prior
-    # 8192 tokens/s): wait for home that long.
+    # 8192 tokens/s), and every request behind it there would wait as long: wait for
+    # home up to twice that.
     deferred = pool.try_take("x", 3000, hint=turn, waited_s=0.05)
     assert isinstance(deferred, Deferred)
-    assert deferred.retry_in_s == pytest.approx(2000 / 8192, abs=0.01)
+    assert deferred.retry_in_s == pytest.approx(2 * 2000 / 8192, abs=0.01)
     assert all(b.in_flight == (b is home) for b in backends), "nothing was reserved"
-    # A second and a third request for the same home: the third would wait 0.3 s for a
+    # A second and a third request for the same home: the third would wait 0.6 s for a
     # slot there (three releases), more than it saves: it goes elsewhere at once.
     twin = RouteHint(conversation("q1", "a1 q2", tokens=1000))
     assert isinstance(pool.try_take("x", 3000, hint=twin, waited_s=0.0), Deferred)
@@ -322,6 +323,37 @@ def test_a_freed_slot_goes_to_the_turn_waiting_for_it_while_another_backend_has_
     assert not home.waiters
 
 
+def test_prefill_room_freed_at_home_goes_to_the_turn_waiting_for_it() -> None:
+    # 0.5 s of prefill at once per backend; at the prior rate (8192 tokens/s) that is
+    # about 3900 tokens.
+    backends = [Backend(f"b{n}", f"http://b{n}", 4, prefill_budget_s=0.5) for n in range(2)]
+    pool = BackendPool(backends, clock=time.monotonic)
+    first = pool.try_take("x", 8000, hint=RouteHint(conversation("q1", tokens=4000)))
+    assert isinstance(first, Slot)
+    home = first.backend
+    pool.give_back(first)
+    home.hold_s = 0.1
+    blocker = pool.try_take("x", 3500)  # prefills at home: no room beside it
+    assert isinstance(blocker, Slot) and blocker.backend is home
+    # The next turn, 1000 tokens more, would start cold elsewhere: it waits for home.
+    turn = RouteHint(conversation("q1", "a1 q2", tokens=4000))
+    assert isinstance(pool.try_take("x", 9000, hint=turn, waited_s=0.0), Deferred)
+    pool.prefill_done(blocker)
+    elsewhere = pool.try_take("x", 500, exclude=blocker)  # the other one prefills a bit
+    assert isinstance(elsewhere, Slot) and elsewhere.backend is not home
+    # Home's prefill room is the turn's now: a prompt served first, which would fill
+    # it, goes to the other backend, though home would start it sooner...
+    other = pool.try_take("x", 3000, hint=RouteHint(), waited_s=0.0)
+    assert isinstance(other, Slot) and other.backend is elsewhere.backend
+    # ...and one that fits beside the turn's prefill still goes home.
+    small = pool.try_take("x", 500, hint=RouteHint(), waited_s=0.0)
+    assert isinstance(small, Slot) and small.backend is home
+    pool.give_back(small)
+    served = pool.try_take("x", 9000, hint=turn, waited_s=0.05)
+    assert isinstance(served, Slot) and served.backend is home and served.cached_tokens == 8000
+    assert not home.waiters
+
+
 def test_max_wait_for_sooner_caps_the_wait_and_zero_turns_it_off() -> None:
     for cap, expected in ((0.1, 0.1), (0.0, None)):
         backends = [Backend(f"b{n}", f"http://b{n}", 1) for n in range(2)]
@@ -339,6 +371,26 @@ def test_max_wait_for_sooner_caps_the_wait_and_zero_turns_it_off() -> None:
             assert isinstance(answer, Slot) and answer.backend is not first.backend
         else:
             assert isinstance(answer, Deferred) and answer.retry_in_s == pytest.approx(expected)
+
+
+def test_waiters_get_the_freed_slot_in_the_order_they_began_to_wait() -> None:
+    fast, slow = Backend("fast", "http://fast", 1), Backend("slow", "http://slow", 2)
+    for _ in range(5):  # the slow engine is learned at a quarter of the fast one's rate
+        slow.model.observe_ttft(4000, 0, 0.02 + 4000 / 2048)
+    pool = BackendPool([fast, slow], clock=time.monotonic)
+    running = pool.try_take("x", 100)
+    assert isinstance(running, Slot) and running.backend is fast
+    pool.prefill_done(running)
+    fast.hold_s = 0.2
+    hints = [RouteHint(), RouteHint()]
+    assert all(isinstance(pool.try_take("x", 4000, hint=h, waited_s=0.0), Deferred) for h in hints)
+    pool.give_back(running)  # one slot frees for two waiters
+    # The second in line goes on waiting: the slot is the first's...
+    assert isinstance(pool.try_take("x", 4000, hint=hints[1], waited_s=0.1), Deferred)
+    # ...who takes it, though another waits for it too.
+    first = pool.try_take("x", 4000, hint=hints[0], waited_s=0.1)
+    assert isinstance(first, Slot) and first.backend is fast
+    assert list(fast.waiters) == [hints[1]]
 
 
 def test_a_long_prompt_waits_for_the_fast_engine_rather_than_start_on_a_slow_one() -> None:
