@@ -78,7 +78,7 @@ bench-shadow: $(STAMP)
 	$(PY) scripts/bench_shadow.py $(ARGS)
 
 .PHONY: bench-cache
-## bench-cache: multi-turn chat and agents on 4 simulators, least-load vs cache-aware routing, ~12 min (--quick ~5)
+## bench-cache: multi-turn chat and agents on 4 simulators, least-load vs cache-aware routing, ~10 min (--quick ~5)
 bench-cache: $(STAMP)
 	$(PY) scripts/bench_cache.py $(ARGS)
 

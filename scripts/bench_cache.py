@@ -47,7 +47,7 @@ floor's are the most any routing could show, and each TTFT check says so.
 gateway's request log (`cached_tokens`, `cached_tokens_expected`); requests per
 backend from that log's `backend` field.
 
-    python scripts/bench_cache.py                 # 2 reps (1 on -hot, agent) x 2 configs, ~12 min
+    python scripts/bench_cache.py                 # 2 reps (1 on -hot, agent) x 2 configs, ~10 min
     python scripts/bench_cache.py --quick         # 1 rep, 20 conversations, ~5 min
     python scripts/bench_cache.py --quick --configs least-load --mixes multi-turn
     python scripts/bench_cache.py --json results/bench_cache.json
