@@ -373,14 +373,20 @@ def test_max_wait_for_sooner_caps_the_wait_and_zero_turns_it_off() -> None:
             assert isinstance(answer, Deferred) and answer.retry_in_s == pytest.approx(expected)
 
 
-def test_waiters_get_the_freed_slot_in_the_order_they_began_to_wait() -> None:
-    fast, slow = Backend("fast", "http://fast", 1), Backend("slow", "http://slow", 2)
+def fast_one_busy(slow_slots: int) -> tuple[BackendPool, Backend, Backend, Slot]:
+    """A fast engine with its one slot streaming, and one learned 4x slower."""
+    fast, slow = Backend("fast", "http://fast", 1), Backend("slow", "http://slow", slow_slots)
     for _ in range(5):  # the slow engine is learned at a quarter of the fast one's rate
         slow.model.observe_ttft(4000, 0, 0.02 + 4000 / 2048)
     pool = BackendPool([fast, slow], clock=time.monotonic)
     running = pool.try_take("x", 100)
     assert isinstance(running, Slot) and running.backend is fast
     pool.prefill_done(running)
+    return pool, fast, slow, running
+
+
+def test_waiters_get_the_freed_slot_in_the_order_they_began_to_wait() -> None:
+    pool, fast, _, running = fast_one_busy(slow_slots=2)
     fast.hold_s = 0.2
     hints = [RouteHint(), RouteHint()]
     assert all(isinstance(pool.try_take("x", 4000, hint=h, waited_s=0.0), Deferred) for h in hints)
@@ -394,13 +400,7 @@ def test_waiters_get_the_freed_slot_in_the_order_they_began_to_wait() -> None:
 
 
 def test_a_long_prompt_waits_for_the_fast_engine_rather_than_start_on_a_slow_one() -> None:
-    fast, slow = Backend("fast", "http://fast", 1), Backend("slow", "http://slow", 1)
-    for _ in range(5):  # the slow engine is learned at a quarter of the fast one's rate
-        slow.model.observe_ttft(4000, 0, 0.02 + 4000 / 2048)
-    pool = BackendPool([fast, slow], clock=time.monotonic)
-    running = pool.try_take("x", 100)
-    assert isinstance(running, Slot) and running.backend is fast
-    pool.prefill_done(running)
+    pool, fast, slow, _ = fast_one_busy(slow_slots=1)
     fast.hold_s = 0.5  # its slot frees about every 0.5 s
     # 4000 tokens: ~0.5 s on the fast engine after a ~0.5 s wait, ~2 s on the slow one.
     # Behind three requests in line, the fast slot is 2 s away: past the gain, go slow.
