@@ -446,15 +446,15 @@ class BackendPool:
                 backend.outstanding_tokens / backend.weight,
                 backend.in_flight,
             )
-            choice = Choice(key, backend, cached, matched, ttft)
             roomy.append(backend)
+            choice = None
             if best is None or key < best.key:
-                best = choice
-            kept = _kept_for_others(backend, hint, now)
+                best = choice = Choice(key, backend, cached, matched, ttft)
+            kept = _kept_for_others(backend, hint, now) if backend.waiters else NOTHING_KEPT
             if backend.free_slots > kept.slots and backend.can_prefill(uncached, kept):
                 roomy_free.append(backend)
                 if best_free is None or key < best_free.key:
-                    best_free = choice
+                    best_free = choice or Choice(key, backend, cached, matched, ttft)
         if best_free is not None:  # else the first in line takes what is kept
             best, roomy = best_free, roomy_free
         if best is None:
