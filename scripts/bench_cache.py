@@ -17,9 +17,10 @@ agent's loop (`agent`: tool outputs of 300-1500 tokens a turn, 6-12 turns, short
 replies, histories to ~10k tokens), in interleaved repetitions (least-load,
 cache-aware, cache-aware, least-load, ...) so that whatever else this 2-core
 machine does lands on both alike; the simulators and the gateway are restarted
-for every run, so each starts with cold caches. Think times and the start window are scaled down (`--time-scale`)
-so that a run takes about a minute (48 conversations; least-load then serves
-~5 requests/s at a mean TTFT about 1.6x its idle prefill).
+for every run, so each starts with cold caches. Think times and the start window
+are scaled down (`--time-scale`) so that a run takes about a minute (48
+conversations; least-load then serves ~5 requests/s at a mean TTFT about 1.6x its
+idle prefill).
 
 The simulators' knobs make prefill matter (why, next to SIM_KNOBS): a 2000-token
 prompt costs ~0.85 s of prefill on an idle simulator, and with a batch of eight
@@ -444,7 +445,7 @@ def print_prefill_work(configs: dict[str, dict[str, Any]]) -> None:
             f"(a perfect cache: {uncached['least'] / uncached['best']:.2f}x)"
         )
     floor = aware["ttft_floor_ms"]
-    if floor["mean"]:
+    if floor["mean"] and least["ttft_ms"]["mean"]:
         bests = ", ".join(
             f"{key} {floor[key]:.0f} ms ({least['ttft_ms'][key] / floor[key]:.2f}x below least-load)"
             for key in ("mean", "p99")

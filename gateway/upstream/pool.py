@@ -81,7 +81,7 @@ from gateway.upstream.prefix_index import PrefixIndex
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Wait:
     """A request waiting in line for one backend: until when, and the prefill it will add."""
 
@@ -450,7 +450,7 @@ class BackendPool:
             choice = None
             if best is None or key < best.key:
                 best = choice = Choice(key, backend, cached, matched, ttft)
-            kept = _kept_for_others(backend, hint, now) if backend.waiters else NOTHING_KEPT
+            kept = _kept_for_others(backend, hint, now)
             if backend.free_slots > kept.slots and backend.can_prefill(uncached, kept):
                 roomy_free.append(backend)
                 if best_free is None or key < best_free.key:
@@ -514,7 +514,7 @@ class BackendPool:
         if budget <= 0:
             return None
         prefix = hint.prefix if self.routing.prefix_affinity else None
-        target, net_gain, gross_gain, target_wait = None, 0.0, 0.0, None
+        target, net_gain, gross_gain, target_uncached = None, 0.0, 0.0, 0
         for backend in self.backends_of(lane):
             if backend in roomy or backend.hold_s is None or not backend.available(now):
                 continue
@@ -530,23 +530,23 @@ class BackendPool:
             # The prefill in flight there, then the waiters', goes on while the request
             # waits for the slot.
             ahead_s = backend.prefilling_s + backend.others_prefilling_s + kept.prefill_s
-            own_prefill_s = backend.model.prefill_s(prompt_tokens - cached)
-            ttft = max(0.0, ahead_s - slot_wait) + own_prefill_s
+            ttft = max(0.0, ahead_s - slot_wait) + backend.model.prefill_s(prompt_tokens - cached)
             # Starting where less is cached also prefills, there, what this backend has
             # cached: time every request behind it on that engine waits too.
             lost_s = max(0, cached - best.cached) / best.backend.model.prefill_tokens_per_s
             gain = best.ttft + lost_s - ttft
             if gain - slot_wait > net_gain:
                 target, net_gain, gross_gain = backend, gain - slot_wait, gain
-                target_wait = Wait(0.0, prompt_tokens - cached, own_prefill_s)
-        if target is None or target_wait is None:
+                target_uncached = prompt_tokens - cached
+        if target is None:
             return None
         patience = min(budget, gross_gain)
         for other, wait in list(target.waiters.items()):
             if wait.until <= now:
                 del target.waiters[other]
-        target_wait.until = now + patience
-        target.waiters[hint] = target_wait
+        target.waiters[hint] = Wait(
+            now + patience, target_uncached, target.model.prefill_s(target_uncached)
+        )
         return Deferred(patience)
 
     def _session_backend(self, lane: str, session: str, now: float) -> Backend | None:
