@@ -54,6 +54,26 @@ class SseResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+def backend_session(
+    connector: aiohttp.BaseConnector, timeout: aiohttp.ClientTimeout
+) -> aiohttp.ClientSession:
+    """A client session for relaying to backends: their bytes as they sent them.
+
+    - `Accept-Encoding: identity`: the relay reads the backend's events (first token,
+      usage, the end) and passes its bytes on without a `Content-Encoding`, so it must
+      get them uncompressed; aiohttp's default asks for gzip and deflate.
+    - No cookie jar: a backend's (or its load balancer's) `Set-Cookie` answers one
+      client's request; kept, it would go with every other client's requests too.
+    """
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        headers={"Accept-Encoding": "identity"},
+    )
+
+
 class UpstreamClient:
     """The HTTP client side: one keep-alive pool plus a fresh-connection fallback."""
 
@@ -65,15 +85,12 @@ class UpstreamClient:
     async def start(self) -> None:
         """Open the sessions (they need the running loop)."""
         client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect_s)
-        self._pooled = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=self.timeouts.pool_idle_s),
-            timeout=client_timeout,
-            auto_decompress=False,
+        self._pooled = backend_session(
+            aiohttp.TCPConnector(limit=0, keepalive_timeout=self.timeouts.pool_idle_s),
+            client_timeout,
         )
-        self._fresh = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True),
-            timeout=client_timeout,
-            auto_decompress=False,
+        self._fresh = backend_session(
+            aiohttp.TCPConnector(limit=0, force_close=True), client_timeout
         )
 
     @property

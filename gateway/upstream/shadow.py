@@ -40,6 +40,7 @@ import msgspec
 
 from gateway.config import ShadowSettings, TimeoutSettings
 from gateway.observability.record import RequestRecord, clock, mean_tpot_ms, ms_between
+from gateway.upstream.relay import backend_session
 
 if TYPE_CHECKING:
     from gateway.admission.admit import RequestShape
@@ -264,13 +265,12 @@ class ShadowMirror:
         """Open the candidate's own session (never the primary's pool) and the lag probe."""
         if not self.enabled:
             return
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
+        self._session = backend_session(
+            aiohttp.TCPConnector(
                 limit=self.settings.max_concurrency,
                 keepalive_timeout=self._timeouts.pool_idle_s,
             ),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s),
-            auto_decompress=False,
+            aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s),
         )
         await self._lag.start()
 
