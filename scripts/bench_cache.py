@@ -429,20 +429,12 @@ def print_prefill_work(configs: dict[str, dict[str, Any]]) -> None:
     least, aware = configs.get(LEAST_LOAD), configs.get(CACHE_AWARE)
     if not least or not aware:
         return
-    uncached = {
-        name: 1 - f[key]
-        for name, f, key in (
-            ("least", least, "hit_ratio_log"),
-            ("aware", aware, "hit_ratio_log"),
-            ("best", aware, "hit_ratio_best"),
-        )
-        if f.get(key) is not None
-    }
-    if len(uncached) == 3 and uncached["aware"] > 0 and uncached["best"] > 0:
+    hits = (least["hit_ratio_log"], aware["hit_ratio_log"], aware["hit_ratio_best"])
+    if None not in hits and hits[1] < 1 and hits[2] < 1:
+        by_least, by_aware, by_best = (1 - hit for hit in hits)
         print(
             "prompt tokens prefilled, least-load / cache-aware: "
-            f"{uncached['least'] / uncached['aware']:.2f}x "
-            f"(a perfect cache: {uncached['least'] / uncached['best']:.2f}x)"
+            f"{by_least / by_aware:.2f}x (a perfect cache: {by_least / by_best:.2f}x)"
         )
     floor = aware["ttft_floor_ms"]
     if floor["mean"] and least["ttft_ms"]["mean"]:
