@@ -13,6 +13,7 @@ import tiktoken
 from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
+from gateway.admission.tenants import Tenants
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
 from gateway.fleet.fleet import Fleet
@@ -27,6 +28,7 @@ from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import clock
+from gateway.observability.tenant_metrics import TenantMetrics
 from gateway.observability.tracing import build_tracer
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
@@ -61,7 +63,13 @@ def build_app(
     )
     slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}
     scheduler = Scheduler(
-        settings.lanes, slot_limits, pool, clock=clock, competes=pool.shares_backends
+        settings.lanes,
+        slot_limits,
+        pool,
+        clock=clock,
+        competes=pool.shares_backends,
+        fair_share=settings.tenants.fair_share,
+        capacities={lane.name: pool.slots_of(lane.name) for lane in settings.lanes},
     )
     pool.on_available = scheduler.notify_capacity
     events = make_logger(sys.stderr, settings.logging.level)
@@ -69,6 +77,9 @@ def build_app(
     health = HealthMonitor(pool, settings.health)
     metrics = GatewayMetrics()
     loop_lag = LoopLagMonitor(metrics.registry)
+    tenants = Tenants(settings)
+    tenant_metrics = TenantMetrics(metrics.registry, tenants.label)
+    tenant_metrics.watch(scheduler, metrics.registry)
     state = GatewayState(
         settings=settings,
         counter=counter,
@@ -81,6 +92,8 @@ def build_app(
         events=events,
         health=health,
         keys=ClientKeys(settings.api_keys),
+        tenants=tenants,
+        tenant_metrics=tenant_metrics,
         loop_lag=loop_lag,
         prompt_sizes=prompt_sizes,
         sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes),

@@ -94,6 +94,16 @@ class ServerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     ] = field(default_factory=list)
     #: Serve the chat page at GET /playground (streams through this gateway).
     playground: bool = False
+    #: A connection whose request line and headers have not all arrived this long after
+    #: it opened (or after its previous answer, on keep-alive) is closed, like nginx's
+    #: client_header_timeout: a client trickling its headers must not hold a file
+    #: descriptor forever. 0 turns it off.
+    header_timeout_s: Annotated[
+        float, _rule("be finite and >= 0 (0: off)", ge=0, le=sys.float_info.max)
+    ] = 10.0
+    #: An idle keep-alive connection from a client is closed after this long (nginx's
+    #: keepalive_timeout; keep it above the idle timeout of a load balancer in front).
+    keepalive_timeout_s: PositiveFloat = 75.0
 
 
 class TokenizerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -155,6 +165,9 @@ class ApiKeySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     #: (n x max_tokens) at admission and gives back what its backend did not use. None:
     #: no quota.
     tokens_per_minute: Positive | None = None
+    #: Its share of a lane when several tenants wait there: backlogged tenants are
+    #: served in proportion to their weights ([tenants] fair_share).
+    weight: PositiveFloat = 1.0
 
 
 class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -179,8 +192,13 @@ class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     promoted_slots: Positive = 1
     #: Slots this lane keeps while a higher lane has requests waiting: a lower lane may
     #: use every free slot, but gives slots back as its requests end when a higher lane
-    #: waits, down to this floor (so it is never starved).
+    #: waits, down to this floor (so it is never starved). Never all the slots the two
+    #: share: on one slot the lanes are strict priority (and promotion).
     min_slots: NonNegative = 1
+    #: Most requests one tenant may have queued in this lane; an arrival over it gets
+    #: 429 queue_full at once. 0: no cap of its own (the lane's fair share of
+    #: max_queue_depth still applies when the queue is full).
+    max_queue_depth_per_tenant: NonNegative = 0
     #: Refuse at once (429 wait_too_long) when the predicted wait exceeds the deadline.
     reject_predicted_wait: bool = True
     #: Raise queue_timeout_s when the measured engine floor (one long prefill ahead plus
@@ -244,6 +262,33 @@ class RoutingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     #: Choose the lane by the prompt's uncached part (a long prompt that is mostly cached
     #: is a short request for the engine). Off: the lane is chosen by the whole prompt.
     lane_by_uncached_tokens: bool = False
+
+
+class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Who a request is for, so that one client cannot take a lane from the others.
+
+    With API keys configured a request's tenant is its key's `name` (and its `weight`
+    its share). Without keys it comes from `source`; else every request is one shared
+    tenant, "default" (first come, as without tenants).
+    """
+
+    #: Without API keys: "header" (the `header` below), "user" (the body's `user`,
+    #: OpenAI's end-user id) or "none" (one shared tenant).
+    source: Literal["header", "user", "none"] = "header"
+    #: The request header naming the tenant when `source` is "header".
+    header: Annotated[str, _rule("be a header name", pattern=r"^[A-Za-z0-9-]+$")] = "x-tenant-id"
+    #: Share each lane's queue fairly between backlogged tenants, by the tokens each
+    #: was served over its weight (a Virtual Token Counter). Off: first come.
+    fair_share: bool = True
+    #: What one output token costs against a prompt token in the fair share. 0: learned
+    #: from the backends (the prompt tokens they prefill in the time one output token
+    #: holds a slot).
+    output_token_weight: Annotated[
+        float, _rule("be from 0 to 10000 (0: learned)", ge=0, le=1e4)
+    ] = 0.0
+    #: Tenant names, besides the API keys' names, that get their own metric series; the
+    #: others are counted together as "other" (a label per client id would be unbounded).
+    labeled: list[str] = field(default_factory=list)
 
 
 class LoggingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -365,6 +410,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     timeouts: TimeoutSettings = field(default_factory=TimeoutSettings)
     health: HealthSettings = field(default_factory=HealthSettings)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
+    tenants: TenantSettings = field(default_factory=TenantSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     api_keys: list[ApiKeySettings] = field(default_factory=list)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
@@ -409,6 +455,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "timeouts": TimeoutSettings,
     "health": HealthSettings,
     "routing": RoutingSettings,
+    "tenants": TenantSettings,
     "logging": LoggingSettings,
     "shadow": ShadowSettings,
     "tracing": TracingSettings,
@@ -840,12 +887,6 @@ def consistency_warnings(settings: Settings) -> list[str]:
             "[timeouts].pool_idle_s >= 5: llama.cpp's server closes idle connections after 5 s; "
             "keep the pool's idle timeout below the backend's"
         )
-    for lane in s.lanes[1:] if s.backends else ():
-        if lane.min_slots >= s.lane_slot_limit(lane):
-            warnings.append(
-                f"[[lanes]] {lane.name}: min_slots ({lane.min_slots}) >= its slot limit, so it "
-                "never gives slots back to the lanes above it: long requests can fill the backend"
-            )
     shadow_url = s.shadow.url.rstrip("/").lower()
     if shadow_url and shadow_url in {b.url.rstrip("/").lower() for b in s.backends}:
         warnings.append(

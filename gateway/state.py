@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
+from gateway.admission.tenants import Tenants
 from gateway.admission.tokens import TokenCounter
 from gateway.config import LimitsSettings, Settings
 from gateway.fleet.fleet import Fleet
@@ -16,6 +17,7 @@ from gateway.observability.logs import RequestLog
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import RequestRecord
+from gateway.observability.tenant_metrics import TenantMetrics
 from gateway.observability.tracing import RequestTracer
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
@@ -39,6 +41,9 @@ class GatewayState:
     events: Any
     health: HealthMonitor
     keys: ClientKeys
+    #: Who each request is for (its share of a lane), and the tenants' metric labels.
+    tenants: Tenants
+    tenant_metrics: TenantMetrics
     loop_lag: LoopLagMonitor
     #: Recent prompt sizes by lane (what "a long prompt" is, for the engine floor).
     prompt_sizes: PromptSizes
@@ -72,6 +77,7 @@ class GatewayState:
         """Every request ends here exactly once: its log line and its metrics."""
         self.request_log.request(record)
         self.metrics.observe(record)
+        self.tenant_metrics.observe(record)
         if self.tracer is not None:
             self.tracer.export(record)
 

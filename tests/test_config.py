@@ -796,6 +796,7 @@ def test_check_config_masks_secrets(tmp_path: Path) -> None:
         "allow_lane_override": False,
         "requests_per_minute": None,
         "tokens_per_minute": None,
+        "weight": 1.0,
     }
 
 

@@ -242,6 +242,18 @@ def relay_plan(
     )
 
 
+def served_tokens(record: RequestRecord) -> tuple[int, int]:
+    """What the engine did for a request, its tenant's charge: the prompt's uncached part
+    (as the backend reported its cache, else as routing expected it) and the output
+    tokens; nothing when no byte came back (the backend failed before serving it)."""
+    if record.first_byte is None:
+        return 0, 0
+    cached = record.cached_tokens
+    if cached is None:
+        cached = record.cached_tokens_expected or 0
+    return max(0, (record.prompt_tokens or 0) - cached), record.completion_tokens or 0
+
+
 def moved(reassigned: bool, state: GatewayState, grant: Grant) -> bool:
     """After a retry moved `grant` to another backend: its new slot is leased too."""
     if reassigned and state.fleet is not None and state.fleet.leases is not None:
@@ -276,6 +288,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             record.client = client.name
         server = state.settings.server
         body = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
+        tenant = state.tenants.identify(client, request.headers, body)
+        record.tenant, record.tenant_weight = tenant.name, tenant.weight
         shape = await dialect.measure(body, state.limits, state.counter)
         record.model = shape.model
         record.stream = shape.stream
@@ -339,6 +353,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 client_deadline_s=queue_deadline,
                 note=note,
                 hint=hint,
+                tenant=tenant.name,
+                weight=tenant.weight,
             )
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
@@ -419,6 +435,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             try:
                 learn_from(record, grant.slot)
             finally:
-                state.scheduler.release(grant)
+                state.scheduler.release(grant, *served_tokens(record))
+                record.cost_tokens = grant.cost
         state.quotas.give_back(quota, record)  # in the background: never delays the answer
         state.finish(record)

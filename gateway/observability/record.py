@@ -51,6 +51,13 @@ class RequestRecord:
     model: str | None = None
     #: The API key's name, when keys are configured.
     client: str | None = None
+    #: Who the request is for ([tenants]): the key's name, a header's or the body's
+    #: `user`, else "default"; and its weight in the lanes' fair share.
+    tenant: str | None = None
+    tenant_weight: float | None = None
+    #: What it was charged in its tenant's fair-share counter: weighted tokens (its
+    #: uncached prompt, plus its output tokens times the output weight). None: not served.
+    cost_tokens: float | None = None
     stream: bool = False
     lane: str | None = None
     backend: str | None = None
@@ -127,6 +134,9 @@ class RequestRecord:
             "route": self.route,
             "model": self.model,
             "client": self.client,
+            "tenant": self.tenant,
+            "tenant_weight": self.tenant_weight,
+            "cost_tokens": self.cost_tokens,
             "stream": self.stream,
             "lane": self.lane,
             "backend": self.backend,

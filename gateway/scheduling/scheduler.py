@@ -44,6 +44,7 @@ from typing import Any, Protocol
 
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
+from gateway.scheduling.fairness import FairQueue, TokenCost
 from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
@@ -63,6 +64,8 @@ PRESSURE_SAMPLES = 8
 WAIT_SAMPLES_NEEDED = 5
 #: Requests of a lane looked at past a deferred head (each costs the source one try).
 LOOKAHEAD = 16
+#: The tenant of a request that names none (and of every request without tenants).
+DEFAULT_TENANT = "default"
 #: Recent dispatches per lane from which its drain rate (requests leaving the line per
 #: second) is measured, for Retry-After.
 DRAIN_SAMPLES = 32
@@ -117,6 +120,11 @@ class Grant:
     queued_s: float
     granted_at: float
     released: bool = False
+    tenant: str = DEFAULT_TENANT
+    #: What its tenant was charged at dispatch (its prompt), settled at release...
+    charged: float = 0.0
+    #: ... to what it cost (uncached prompt + weighted output; None until released).
+    cost: float | None = None
 
 
 @dataclass(slots=True)
@@ -129,12 +137,13 @@ class WaitNote:
     deadline_s: float | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Waiter:
     enqueued_at: float
     prompt_tokens: int
     output_tokens: int
     future: asyncio.Future[Grant]
+    tenant: str = DEFAULT_TENANT
     #: Its place in line at arrival: requests ahead of it plus one.
     position: int = 1
     timer: asyncio.TimerHandle | None = None
@@ -142,12 +151,15 @@ class _Waiter:
     hint: Any = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class LaneState:
     settings: LaneSettings
     slot_limit: int
-    queue: deque[_Waiter] = field(default_factory=deque)
+    #: Its waiting requests, in the order they are served (fair between tenants).
+    queue: FairQueue[_Waiter] = field(default_factory=FairQueue)
     in_flight: int = 0
+    #: Slots of the backends it may use (what its floor may keep is fewer than these).
+    capacity: int = 0
     #: Moving average of how long a request of this lane holds its slot.
     hold_ewma_s: float | None = None
     #: The queue deadline in force for this lane (queue_timeout_s, or raised to fit a
@@ -176,6 +188,8 @@ class LaneState:
     def __post_init__(self) -> None:
         if not self.deadline_s:
             self.deadline_s = self.settings.queue_timeout_s
+        if not self.capacity:
+            self.capacity = self.slot_limit
 
 
 class Scheduler:
@@ -188,8 +202,19 @@ class Scheduler:
         source: SlotSource,
         clock: Callable[[], float] = time.perf_counter,
         competes: Callable[[str, str], bool] | None = None,
+        *,
+        fair_share: bool = True,
+        capacities: dict[str, int] | None = None,
     ) -> None:
-        self._lanes = [LaneState(lane, slot_limits[lane.name]) for lane in lanes]
+        self._lanes = [
+            LaneState(
+                lane,
+                slot_limits[lane.name],
+                queue=FairQueue(fair_share),
+                capacity=(capacities or {}).get(lane.name, 0),
+            )
+            for lane in lanes
+        ]
         self._by_name = {lane.name: lane for lane in self._lanes}
         for index, lane in enumerate(self._lanes):
             lane.higher = [
@@ -205,6 +230,8 @@ class Scheduler:
         #: Told when a lane's queue fills (True) or empties (False): with [redis], the
         #: other replicas hold their lower lanes back meanwhile.
         self.on_waiting: Callable[[str, bool], None] | None = None
+        #: What a request costs its tenant (the output weight is learned by the sizer).
+        self.cost = TokenCost()
 
     @property
     def lanes(self) -> list[LaneState]:
@@ -213,9 +240,14 @@ class Scheduler:
     def lane(self, name: str) -> LaneState:
         return self._by_name[name]
 
-    def set_slot_limit(self, name: str, slots: int) -> None:
-        """The lane's backends changed size (learned from the engine): serve the queues."""
-        self._by_name[name].slot_limit = max(1, slots)
+    def set_slot_limit(self, name: str, slots: int, capacity: int | None = None) -> None:
+        """The lane's backends changed size (learned from the engine): serve the queues.
+
+        `slots`: the most the lane may hold; `capacity`: all slots of its backends."""
+        lane = self._by_name[name]
+        lane.slot_limit = max(1, slots)
+        if capacity is not None:
+            lane.capacity = max(1, capacity)
         self._dispatch()
 
     def hold_back(self, names: set[str]) -> None:
@@ -242,9 +274,16 @@ class Scheduler:
 
     # -- prediction ------------------------------------------------------------------
 
-    def _place_in_line(self, lane: LaneState) -> int:
-        """Requests that go before one arriving now in `lane`, plus one."""
-        return len(lane.queue) + sum(len(other.queue) for other in lane.higher) + 1
+    def _place_in_line(
+        self, lane: LaneState, tenant: str | None = None, weight: float = 1.0, cost: float = 0.0
+    ) -> int:
+        """Requests that go before one arriving now in `lane`, plus one: of its own lane's,
+        those of its tenant's fair turn (None: the whole line), and all of the higher
+        lanes' that go first."""
+        higher = sum(len(other.queue) for other in lane.higher)
+        if tenant is None:
+            return len(lane.queue) + higher + 1
+        return lane.queue.place_for(tenant, weight, cost) + higher
 
     def _starts_now(self, lane: LaneState) -> bool:
         return (
@@ -254,16 +293,19 @@ class Scheduler:
             and self._source.has_free_slot(lane.name)
         )
 
-    def predicted_wait_s(self, name: str) -> float | None:
+    def predicted_wait_s(
+        self, name: str, tenant: str | None = None, weight: float = 1.0, cost: float = 0.0
+    ) -> float | None:
         """The wait of a request arriving now in lane `name`; None when unknown.
 
-        Its place in line times the lane's measured wait per place; before enough
-        requests have waited, the lane's slot hold time over its slots per place.
+        Its place in line (in its tenant's fair turn; None: at the end of the line)
+        times the lane's measured wait per place; before enough requests have waited,
+        the lane's slot hold time over its slots per place.
         """
         lane = self._by_name[name]
         if self._starts_now(lane):
             return 0.0
-        place = self._place_in_line(lane)
+        place = self._place_in_line(lane, tenant, weight, cost)
         if lane.wait_per_place.learned:
             return place * lane.wait_per_place.value
         if lane.hold_ewma_s is None:
@@ -297,15 +339,17 @@ class Scheduler:
                 measured = True
         return rate if measured else None
 
-    def _retry_after(self, lane: LaneState, beyond_s: float = 0.0) -> int:
-        """Seconds until a retry may fit: the time the line ahead takes to drain at its
-        measured rate, less `beyond_s` (the wait a request may have); before a rate is
-        measured, the predicted wait."""
+    def _retry_after(
+        self, lane: LaneState, beyond_s: float = 0.0, tenant: str | None = None, weight: float = 1.0
+    ) -> int:
+        """Seconds until a retry may fit: the time the line ahead (of `tenant`'s next
+        request, in its fair turn) takes to drain at its measured rate, less `beyond_s`
+        (the wait a request may have); before a rate is measured, the predicted wait."""
         rate = self.drain_rate(lane.name)
         if rate:
-            wait = self._place_in_line(lane) / rate
+            wait = self._place_in_line(lane, tenant, weight) / rate
         else:
-            wait = self.predicted_wait_s(lane.name) or lane.hold_ewma_s or 1.0
+            wait = self.predicted_wait_s(lane.name, tenant, weight) or lane.hold_ewma_s or 1.0
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait - beyond_s)))
 
     def deadline_for(self, name: str, client_deadline_s: float | None = None) -> float:
@@ -326,28 +370,25 @@ class Scheduler:
         client_deadline_s: float | None = None,
         note: WaitNote | None = None,
         hint: Any = None,
+        tenant: str = DEFAULT_TENANT,
+        weight: float = 1.0,
     ) -> Grant:
         """Wait for a slot in lane `name`; a Refusal when refused or timed out.
 
         `client_deadline_s`: how long the client lets this request wait in the queue
         (from its own deadline); the lane's deadline applies when it is shorter.
+        `tenant` and `weight`: whose request it is, for the lane's fair share.
         Cancelling the caller (client went away) leaves the queue at once.
         """
         lane = self._by_name[name]
         settings = lane.settings
         now = self._now()
         deadline = self.deadline_for(name, client_deadline_s)
-        predicted = self.predicted_wait_s(name)
+        cost = self.cost.of(prompt_tokens, output_tokens)
+        predicted = self.predicted_wait_s(name, tenant, weight, cost)
         if note is not None:
             note.predicted_wait_s, note.deadline_s = predicted, deadline
-        if len(lane.queue) >= settings.max_queue_depth and (
-            lane.queue or lane.in_flight >= lane.slot_limit
-        ):
-            raise QueueFull(
-                f"The '{name}' lane's queue is full ({settings.max_queue_depth} waiting). "
-                "Retry after the delay in Retry-After.",
-                retry_after_s=self._retry_after(lane),
-            )
+        self._check_queue_room(lane, tenant, weight)
         pressing = self.pressing_lane(name) if settings.reject_predicted_wait else None
         if pressing is not None:
             raise WaitTooLong(
@@ -364,7 +405,9 @@ class Scheduler:
             raise WaitTooLong(
                 f"The '{name}' lane would make this request wait about {predicted:.1f} s, "
                 f"too close to {whose} {deadline:.3g} s limit.",
-                retry_after_s=self._retry_after(lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s),
+                retry_after_s=self._retry_after(
+                    lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s, tenant, weight
+                ),
             )
         if (
             lane.in_flight < lane.slot_limit
@@ -376,21 +419,56 @@ class Scheduler:
                 name, prompt_tokens, output_tokens, hint=hint, waited_s=0.0
             )
             if slot is not None and not isinstance(slot, Deferred):
+                charged = lane.queue.started(tenant, prompt_tokens, weight)
                 lane.in_flight += 1
                 lane.recent_waits.append(0.0)
                 lane.dispatched_at.append(now)
-                return Grant(name, slot, 0.0, now)
+                return Grant(name, slot, 0.0, now, tenant=tenant, charged=charged)
         waiter = _Waiter(
             now,
             prompt_tokens,
             output_tokens,
             asyncio.get_running_loop().create_future(),
-            position=self._place_in_line(lane),
+            tenant,
+            position=self._place_in_line(lane, tenant, weight, cost),
             hint=hint,
         )
-        lane.queue.append(waiter)
+        lane.queue.push(waiter, weight)
         self._note_queue(lane)
         return await self._wait(lane, waiter, deadline, deadline)
+
+    def _check_queue_room(self, lane: LaneState, tenant: str, weight: float) -> None:
+        """QueueFull for an arrival of `tenant` when its lane's line has no room for it:
+        over the tenant's own cap, or the line is full and the arrival's tenant holds at
+        least its share of it (else the newest request of the tenant holding the most is
+        refused instead, and the arrival takes its place)."""
+        settings, queue = lane.settings, lane.queue
+        cap = settings.max_queue_depth_per_tenant
+        if cap and queue.queued_of(tenant) >= cap:
+            raise QueueFull(
+                f"You have {cap} requests waiting in the '{lane.name}' lane already, the most "
+                "one tenant may. Retry after the delay in Retry-After.",
+                retry_after_s=self._retry_after(lane, tenant=tenant, weight=weight),
+            )
+        depth = settings.max_queue_depth
+        if len(queue) < depth or not (queue or lane.in_flight >= lane.slot_limit):
+            return
+        victim = queue.displaced_by(tenant, weight, depth) if depth else None
+        if victim is None:
+            raise QueueFull(
+                f"The '{lane.name}' lane's queue is full ({depth} waiting). "
+                "Retry after the delay in Retry-After.",
+                retry_after_s=self._retry_after(lane, tenant=tenant, weight=weight),
+            )
+        self._remove(lane, victim)
+        victim.future.set_exception(
+            QueueFull(
+                f"The '{lane.name}' lane's queue is full ({depth} waiting) and you hold more "
+                "of it than your share: your newest request made room for another tenant's. "
+                "Retry after the delay in Retry-After.",
+                retry_after_s=self._retry_after(lane, tenant=victim.tenant),
+            )
+        )
 
     async def requeue(
         self,
@@ -408,6 +486,7 @@ class Scheduler:
         lane = self._by_name[grant.lane]
         grant.released = True
         lane.in_flight -= 1
+        lane.queue.settle(grant.tenant, grant.charged, 0.0)  # charged again when dispatched
         self._source.give_back(grant.slot)
         enqueued_at = grant.granted_at - grant.queued_s
         left = deadline_s - (self._now() - enqueued_at)
@@ -416,9 +495,10 @@ class Scheduler:
             prompt_tokens,
             output_tokens,
             asyncio.get_running_loop().create_future(),
+            grant.tenant,
             hint=hint,
         )
-        lane.queue.appendleft(waiter)
+        lane.queue.push_front(waiter)
         self._note_queue(lane)
         if left <= 0:
             self._expire(lane, waiter, deadline_s)
@@ -466,19 +546,25 @@ class Scheduler:
             self._remove(lane, waiter)
 
     def _remove(self, lane: LaneState, waiter: _Waiter) -> None:
-        try:
-            lane.queue.remove(waiter)
-        except ValueError:
-            pass
+        lane.queue.remove(waiter)
         self._note_queue(lane)
 
-    def release(self, grant: Grant) -> None:
-        """Give the slot back and hand it to the next request in line."""
+    def release(
+        self, grant: Grant, served_prompt_tokens: int | None = None, output_tokens: int = 0
+    ) -> None:
+        """Give the slot back and hand it to the next request in line.
+
+        `served_prompt_tokens` (the prompt's uncached part) and `output_tokens`: what the
+        engine really did for it, its tenant's charge (None: the prompt as charged, no
+        output)."""
         if grant.released:
             return
         grant.released = True
         lane = self._by_name[grant.lane]
         lane.in_flight -= 1
+        prompt = grant.charged if served_prompt_tokens is None else served_prompt_tokens
+        grant.cost = self.cost.of(int(prompt), output_tokens)
+        lane.queue.settle(grant.tenant, grant.charged, grant.cost)
         held = self._now() - grant.granted_at
         if lane.hold_ewma_s is None:
             lane.hold_ewma_s = held
@@ -511,8 +597,7 @@ class Scheduler:
         """Answer every queued request with `error` (shutdown); returns how many."""
         failed = 0
         for lane in self._lanes:
-            while lane.queue:
-                waiter = lane.queue.popleft()
+            for waiter in lane.queue.pop_all():
                 if not waiter.future.done():
                     waiter.future.set_exception(error)
                     failed += 1
@@ -532,31 +617,28 @@ class Scheduler:
     def _grant_one(self, keeping: LaneState | None = None) -> bool:
         """Grant one slot; `keeping`: the lane that just released one (it may keep it)."""
         now = self._now()
-        ready = []
-        for lane in self._lanes:
-            queue = lane.queue
-            while queue and queue[0].future.done():  # cancelled, not yet cleaned up
-                queue.popleft()
-                self._note_queue(lane)
-            if queue and lane.in_flight < lane.slot_limit and not lane.held_back:
-                ready.append(lane)
+        ready = [
+            lane
+            for lane in self._lanes
+            if lane.queue and lane.in_flight < lane.slot_limit and not lane.held_back
+        ]
         if not ready:
             return False
         # Work-conserving split: under a waiting higher lane, a lower one gets no new slot;
         # the slot it just gave back it keeps only to stay at its floor (nothing starves).
-        pressed = [lane for lane in ready if any(other in ready for other in lane.higher)]
+        pressed = {
+            lane: pressing
+            for lane in ready
+            if (pressing := [other for other in lane.higher if other in ready])
+        }
         kept = [
-            lane for lane in pressed if lane is keeping and lane.in_flight < lane.settings.min_slots
+            lane
+            for lane, pressing in pressed.items()
+            if lane is keeping and lane.in_flight < self._floor(lane, pressing)
         ]
         promoted = sorted(
-            (
-                lane
-                for lane in ready
-                if lane.settings.promote_after_s is not None
-                and lane.in_flight < lane.settings.promoted_slots
-                and now - lane.queue[0].enqueued_at >= lane.settings.promote_after_s
-            ),
-            key=lambda lane: lane.queue[0].enqueued_at,
+            (lane for lane in ready if self._promoted(lane, now)),
+            key=lambda lane: lane.queue.oldest_enqueued_at() or now,
         )
         order = promoted + [lane for lane in kept if lane not in promoted]
         order += [lane for lane in ready if lane not in pressed and lane not in order]
@@ -564,29 +646,49 @@ class Scheduler:
             waiter, slot = self._first_served(lane, now)
             if waiter is None:
                 continue
-            lane.queue.remove(waiter)
+            charged = lane.queue.dispatched(waiter)
             self._note_queue(lane)
             lane.in_flight += 1
             waited = now - waiter.enqueued_at
             lane.wait_per_place.add(waited / waiter.position)
             lane.recent_waits.append(waited)
             lane.dispatched_at.append(now)
-            waiter.future.set_result(Grant(lane.name, slot, waited, now))
+            waiter.future.set_result(
+                Grant(lane.name, slot, waited, now, tenant=waiter.tenant, charged=charged)
+            )
             return True
         return False
+
+    @staticmethod
+    def _floor(lane: LaneState, pressing: Sequence[LaneState]) -> int:
+        """The slots `lane` keeps while the `pressing` lanes wait: its `min_slots`, but
+        never all the slots it shares with one of them (on one slot that floor would be
+        the whole backend, and long requests would go before short ones): there the
+        lanes are strict priority, and promotion keeps the lower one from starving."""
+        shared = min(min(lane.capacity, other.capacity) for other in pressing)
+        return min(lane.settings.min_slots, shared - 1)
+
+    @staticmethod
+    def _promoted(lane: LaneState, now: float) -> bool:
+        """Its oldest request waited past `promote_after_s` while it runs fewer than
+        `promoted_slots`: it goes before the higher lanes."""
+        settings = lane.settings
+        if settings.promote_after_s is None or lane.in_flight >= settings.promoted_slots:
+            return False
+        oldest = lane.queue.oldest_enqueued_at()
+        return oldest is not None and now - oldest >= settings.promote_after_s
 
     def _first_served(self, lane: LaneState, now: float) -> tuple[_Waiter | None, Any]:
         """The lane's first request in line that gets a slot now, and the slot.
 
-        The head, unless the source defers it (it waits for the backend holding its
-        prompt's cache): then the requests behind it, up to LOOKAHEAD of them, may take
-        the free slot, and the queues are served again when the first deferral ends.
+        The first in the lane's fair order, unless the source defers it (it waits for
+        the backend holding its prompt's cache): then the requests after it, up to
+        LOOKAHEAD of them, may take the free slot, and the queues are served again when
+        the first deferral ends.
         """
         retry_in: float | None = None
         higher = sum(len(other.queue) for other in lane.higher)
-        for index, waiter in enumerate(lane.queue):
-            if index == LOOKAHEAD:
-                break
+        for index, waiter in enumerate(lane.queue.order(LOOKAHEAD)):
             if waiter.future.done():  # cancelled, not yet cleaned up
                 continue
             slot = self._source.try_take(

@@ -28,6 +28,7 @@ import aiohttp
 import msgspec
 
 from gateway.config import LimitsSettings, Settings, slot_limit
+from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_weight
 from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
 from gateway.scheduling.learning import changed_a_lot
 from gateway.scheduling.scheduler import Scheduler
@@ -196,9 +197,8 @@ class BackendSizer:
 
     def refit(self) -> None:
         for lane in self.settings.lanes:
-            self.scheduler.set_slot_limit(
-                lane.name, slot_limit(lane, self.pool.slots_of(lane.name))
-            )
+            slots = self.pool.slots_of(lane.name)
+            self.scheduler.set_slot_limit(lane.name, slot_limit(lane, slots), slots)
             floor = self.floor_s(lane.name, lane.max_prompt_tokens)
             self.floors[lane.name] = floor
             deadline = fitted_deadline_s(lane.queue_timeout_s, floor, lane.fit_timeout_to_engine)
@@ -214,8 +214,23 @@ class BackendSizer:
                 )
             elif floor > lane.queue_timeout_s and not lane.fit_timeout_to_engine:
                 self._warn_short_deadline(lane.name, lane.queue_timeout_s, floor)
+        self.scheduler.cost.output_weight = self.output_token_weight()
         for backend in self.pool.backends:
             self._log_learned(backend)
+
+    def output_token_weight(self) -> float:
+        """One output token's cost against a prompt token, for the tenants' fair share:
+        configured, or what the learned backends prefill while one output token holds
+        a slot (the median over them; the default before any is learned)."""
+        configured = self.settings.tenants.output_token_weight
+        if configured:
+            return configured
+        learned = sorted(
+            learned_output_weight(b.model.prefill_tokens_per_s, b.model.tpot_s(b.max_concurrency))
+            for b in self.pool.backends
+            if b.model.prefill_learned
+        )
+        return learned[len(learned) // 2] if learned else DEFAULT_OUTPUT_WEIGHT
 
     def floor_s(self, lane: str, lane_max_prompt: int | None) -> float:
         """The engine floor of a lane: one long prefill plus its own, on its slowest backend."""

@@ -481,3 +481,180 @@ async def test_a_deferred_head_lets_the_requests_behind_it_go_and_is_served_afte
     assert not home.done()
     grant = await asyncio.wait_for(home, 1)
     assert grant.queued_s >= 0.05
+
+
+# --- the floor on one and two slots (a lower lane never inverts the priority) ----------
+
+
+async def test_on_one_slot_a_short_goes_before_queued_longs() -> None:
+    """The issue's scenario: one slot, promotion off, the defaults' floor of 1. A long
+    holds the slot, two more longs queue, then a short: the short goes next."""
+    scheduler, _ = make(1, bulk={"min_slots": 1})
+    held = await scheduler.acquire("bulk")
+    order: list[str] = []
+
+    async def request(lane: str, tag: str) -> None:
+        grant = await scheduler.acquire(lane)
+        order.append(tag)
+        await asyncio.sleep(0)
+        scheduler.release(grant)
+
+    tasks = [asyncio.create_task(request("bulk", f"long-{i}")) for i in (1, 2)]
+    await settle()
+    tasks.append(asyncio.create_task(request("interactive", "short")))
+    await settle()
+    scheduler.release(held)
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert order == ["short", "long-1", "long-2"]
+
+
+async def test_on_one_slot_promotion_still_keeps_the_lower_lane_from_starving() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"min_slots": 1, "promote_after_s": 1.0}, clock=clock)
+    held = await scheduler.acquire("interactive")
+    long = asyncio.create_task(scheduler.acquire("bulk"))
+    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
+    await settle()
+    clock.advance(2.0)  # the long waited past promote_after_s
+    scheduler.release(held)
+    await settle()
+    assert long.done() and not any(task.done() for task in shorts)
+    scheduler.release(long.result())
+    for task in shorts:
+        scheduler.release(await asyncio.wait_for(task, 1))
+
+
+async def test_on_two_slots_the_floor_keeps_one_slot_for_the_lower_lane() -> None:
+    scheduler, _ = make(2, bulk={"min_slots": 1})
+    longs = [await scheduler.acquire("bulk") for _ in range(2)]
+    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(2)]
+    more_long = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    scheduler.release(longs[0])  # bulk keeps 1 running: the slot goes to a short
+    await settle()
+    assert shorts[0].done() and not more_long.done()
+    scheduler.release(longs[1])  # bulk would drop to 0: its floor keeps this one
+    await settle()
+    assert more_long.done() and not shorts[1].done()
+    scheduler.release(more_long.result())
+    scheduler.release(shorts[0].result())
+    scheduler.release(await asyncio.wait_for(shorts[1], 1))
+
+
+# --- tenants: fair order, the full line, the per-tenant cap ------------------------------
+
+
+async def test_a_light_tenant_goes_before_a_flooding_tenants_backlog() -> None:
+    scheduler, _ = make(1)
+    held = await scheduler.acquire("interactive", 50, tenant="flood")
+    order: list[str] = []
+
+    async def request(tenant: str) -> None:
+        grant = await scheduler.acquire("interactive", 50, tenant=tenant)
+        order.append(tenant)
+        await asyncio.sleep(0)
+        scheduler.release(grant, 50, 10)
+
+    flood = [asyncio.create_task(request("flood")) for _ in range(5)]
+    await settle()
+    light = asyncio.create_task(request("light"))
+    await settle()
+    scheduler.release(held, 50, 10)
+    await asyncio.wait_for(asyncio.gather(*flood, light), 1)
+    assert order[0] == "light", order
+
+
+async def test_a_light_tenants_predicted_wait_is_its_own_turn_not_the_line() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 5}, clock=clock)
+    held = await scheduler.acquire("interactive", 50, tenant="flood")
+    flood = [
+        asyncio.create_task(scheduler.acquire("interactive", 50, tenant="flood")) for _ in range(20)
+    ]
+    await settle()
+    scheduler.lane("interactive").hold_ewma_s = 1.0  # one slot, 1 s a request
+    assert scheduler.predicted_wait_s("interactive") == pytest.approx(21.0)
+    assert scheduler.predicted_wait_s("interactive", "flood") == pytest.approx(21.0)
+    assert scheduler.predicted_wait_s("interactive", "light") == pytest.approx(1.0)
+    note = WaitNote()
+    light = asyncio.create_task(
+        scheduler.acquire("interactive", 50, tenant="light", note=note)
+    )  # admitted: the flood's line is not its line
+    await settle()
+    assert not light.done() and note.predicted_wait_s == pytest.approx(1.0)
+    with pytest.raises(Refusal) as refused:
+        await scheduler.acquire("interactive", 50, tenant="flood")
+    assert refused.value.code == "wait_too_long"
+    scheduler.release(held)
+    scheduler.release(await asyncio.wait_for(light, 1))
+    for task in flood:
+        task.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+
+
+async def test_a_full_line_refuses_the_heaviest_tenants_newest_not_the_newcomer() -> None:
+    scheduler, _ = make(1, interactive={"max_queue_depth": 4, "reject_predicted_wait": False})
+    held = await scheduler.acquire("interactive", tenant="flood")
+    flood = [
+        asyncio.create_task(scheduler.acquire("interactive", tenant="flood")) for _ in range(4)
+    ]
+    await settle()
+    light = asyncio.create_task(scheduler.acquire("interactive", tenant="light"))
+    await settle()
+    newest = flood[-1]
+    assert newest.done() and not light.done()
+    refused = newest.exception()
+    assert isinstance(refused, Refusal) and refused.code == "queue_full"
+    assert refused.retry_after_s is not None and refused.retry_after_s >= 1
+    assert status_of(refused) == 429
+    # The flood itself, at more than its share, is refused as before.
+    with pytest.raises(Refusal) as again:
+        await scheduler.acquire("interactive", tenant="flood")
+    assert again.value.code == "queue_full"
+    scheduler.release(held)
+    scheduler.release(await asyncio.wait_for(light, 1))
+    for task in flood[:-1]:
+        scheduler.release(await asyncio.wait_for(task, 1))
+
+
+async def test_the_per_tenant_cap_refuses_only_that_tenant() -> None:
+    scheduler, _ = make(1, interactive={"max_queue_depth_per_tenant": 2})
+    held = await scheduler.acquire("interactive", tenant="a")
+
+    async def request(tenant: str) -> str:
+        scheduler.release(await scheduler.acquire("interactive", tenant=tenant))
+        return tenant
+
+    queued = [asyncio.create_task(request("a")) for _ in range(2)]
+    await settle()
+    with pytest.raises(Refusal) as refused:
+        await scheduler.acquire("interactive", tenant="a")
+    assert refused.value.code == "queue_full" and "2 requests" in refused.value.message
+    other = asyncio.create_task(request("b"))
+    await settle()
+    assert not other.done()  # queued, not refused
+    scheduler.release(held)
+    assert sorted(await asyncio.wait_for(asyncio.gather(*queued, other), 1)) == ["a", "a", "b"]
+
+
+async def test_one_tenant_is_served_first_come_and_charged_what_it_cost() -> None:
+    scheduler, _ = make(1)
+    scheduler.cost.output_weight = 4.0
+    held = await scheduler.acquire("interactive", 100, tenant="only")
+    assert held.charged == 100
+    order: list[int] = []
+
+    async def request(index: int) -> None:
+        grant = await scheduler.acquire("interactive", 10 * index, tenant="only")
+        order.append(index)
+        await asyncio.sleep(0)
+        scheduler.release(grant)
+
+    tasks = []
+    for index in range(1, 6):
+        tasks.append(asyncio.create_task(request(index)))
+        await settle()
+    scheduler.release(held, 60, 5)  # 40 of its 100 prompt tokens were cached
+    assert held.cost == 60 + 4.0 * 5
+    await asyncio.wait_for(asyncio.gather(*tasks), 1)
+    assert order == [1, 2, 3, 4, 5]

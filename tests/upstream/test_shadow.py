@@ -14,6 +14,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -253,7 +254,8 @@ async def test_sampled_share_is_about_the_rate_and_unsampled_are_not_counted() -
     """All sampled offers are dropped here (a lane has a waiter), so each one is counted and
     none is sent: the count is the sample."""
     sampler, metrics, _ = mirror("http://127.0.0.1:9", sample_rate=0.25)
-    sampler._scheduler.lane("only").queue.append(object())  # type: ignore[arg-type]
+    waiter = SimpleNamespace(tenant="default", enqueued_at=0.0, prompt_tokens=1)
+    sampler._scheduler.lane("only").queue.push(waiter)  # type: ignore[arg-type]
     await sampler.start()
     shape = await shape_of(chat(max_tokens=2))
     for index in range(2000):
