@@ -34,6 +34,7 @@ from gateway.config import (
     unrecognized_env_names,
 )
 from gateway.fleet.store import mask_url_password
+from gateway.http.door import DoorSite
 from gateway.observability.logs import make_logger
 
 SIMULATOR_START_TIMEOUT_S = 20.0
@@ -231,8 +232,12 @@ def serve(settings: Settings) -> int:
             return 2
         for warning in consistency_warnings(settings):
             log.warning("config_warning", detail=warning)
-        with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
-            runner.run(_run(app, settings, log))
+        try:
+            with asyncio.Runner(loop_factory=_loop_factory(settings)) as runner:
+                runner.run(_run(app, settings, log))
+        except CannotListen as exc:
+            print(f"startup error: {exc}", file=sys.stderr)
+            return 2
         return 0
     finally:
         if simulator is not None:
@@ -259,13 +264,32 @@ def _loop_factory(settings: Settings) -> Callable[[], asyncio.AbstractEventLoop]
 
 
 async def _run(app: web.Application, settings: Settings, log: Any) -> None:
+    from gateway.state import GATEWAY
+
     # handler_cancellation: a client that goes away cancels its handler at once (and so
-    # the backend request). auto_decompress off: compressed bodies are refused with 415
-    # by the handler rather than decoded (or rejected in plain text) by aiohttp.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
+    # the backend request).
+    runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, settings.server.host, settings.server.port, backlog=2048)
-    await site.start()
+    server = settings.server
+    # The site builds the client connections (http/door.py: the header deadline), so it
+    # takes their settings. auto_decompress off: compressed bodies are refused with 415
+    # by the handler rather than decoded (or rejected in plain text) by aiohttp.
+    site = DoorSite(
+        runner,
+        server.host,
+        server.port,
+        header_timeout_s=server.header_timeout_s,
+        closed=app[GATEWAY].metrics.connections_closed,
+        backlog=2048,
+        keepalive_timeout=server.keepalive_timeout_s,
+        access_log=None,
+        auto_decompress=False,
+    )
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()  # the app's cleanup_ctx closes its client sessions
+        raise CannotListen(server.host, server.port, exc) from None
     # Everything built so far lives as long as the process: out of the collector's sight,
     # so a full collection under load scans only what requests allocate.
     gc.freeze()
@@ -287,6 +311,16 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
     left = await drain(app, settings.server.drain_timeout_s)
     log.info("gateway_stopping", in_flight_cut=left)
     await runner.cleanup()
+
+
+class CannotListen(Exception):
+    """`serve` could not open its port: one line naming the address, not a traceback."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # The OS's reason, without asyncio's "error while attempting to bind on ...".
+        reason = os.strerror(error.errno) if error.errno and error.errno > 0 else error.strerror
+        super().__init__(f"cannot listen on {address}: {(reason or str(error)).lower()}")
 
 
 def start_simulator_process(host: str) -> tuple[subprocess.Popen[bytes], str]:

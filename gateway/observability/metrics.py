@@ -131,6 +131,15 @@ class GatewayMetrics:
             ["backend"],
             registry=r,
         )
+        # Client connections the gateway closed itself (http/door.py), by reason:
+        # header_timeout (headers not all in within [server] header_timeout_s),
+        # keepalive_idle (idle past keepalive_timeout_s). Counted per connection, not request.
+        self.connections_closed = Counter(
+            "gateway_connections_closed",
+            "Client connections closed by the gateway, by reason: header_timeout, keepalive_idle.",
+            ["reason"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
