@@ -2,15 +2,17 @@
 
 It reads the gateway's own per-request JSON log, so an on-call engineer needs
 nothing else to choose between scheduling fixes (lanes, slots, fail-fast) and
-capacity fixes. The parts: `analyzer` (plain functions over the log's records:
-reading, the tail, the verdict), `report_text` and `report_html` (the two
-renderings; the HTML one needs matplotlib, an optional extra) and `cli` (the
-flags, reading files, writing the reports).
+capacity fixes. The parts: `fields` (what one line says, read defensively),
+`analyzer` (plain functions over the log's records: reading, the tail, the
+verdict), `tenants` (what each tenant got, and whether each lane's fair share
+between tenants held to the bound the gateway's scheduler promises),
+`report_text` and `report_html` (the two renderings; the HTML one needs
+matplotlib, an optional extra) and `cli` (the flags, reading files, writing the
+reports).
 """
 
 from gateway.tools.analyze.analyzer import (
     METRICS,
-    NO_LANE,
     PERCENTILES,
     PREDICTOR_FIELDS,
     PREDICTOR_HORIZON_S,
@@ -18,16 +20,10 @@ from gateway.tools.analyze.analyzer import (
     TAIL_FRACTION,
     VERDICT_RULE,
     VERDICT_TEXT,
-    Record,
     analyze,
-    arrival_s,
     breakdown,
-    end_s,
-    lane_of,
     latency,
     load_records,
-    number,
-    outcome_of,
     parse_line,
     predictor_accuracy,
     queue_depth_series,
@@ -37,17 +33,44 @@ from gateway.tools.analyze.analyzer import (
     verdict,
 )
 from gateway.tools.analyze.cli import add_arguments, build_parser, main
+from gateway.tools.analyze.fields import (
+    NO_LANE,
+    Record,
+    arrival_s,
+    end_s,
+    lane_of,
+    number,
+    outcome_of,
+    was_served,
+)
 from gateway.tools.analyze.report_text import (
+    fairness_lines,
     fmt_ms,
     fmt_share,
     format_report,
     predictor_lines,
+    tenant_lines,
     verdict_lines,
+)
+from gateway.tools.analyze.tenants import (
+    BACKLOG_SHARE,
+    FAIRNESS_WINDOW_S,
+    NO_TENANT,
+    charge_of,
+    dispatch_s,
+    jain_index,
+    largest_gap,
+    tenant_analysis,
+    tenant_of,
+    tenant_table,
 )
 
 __all__ = [
+    "BACKLOG_SHARE",
+    "FAIRNESS_WINDOW_S",
     "METRICS",
     "NO_LANE",
+    "NO_TENANT",
     "PERCENTILES",
     "PREDICTOR_FIELDS",
     "PREDICTOR_HORIZON_S",
@@ -61,11 +84,16 @@ __all__ = [
     "arrival_s",
     "breakdown",
     "build_parser",
+    "charge_of",
+    "dispatch_s",
     "end_s",
+    "fairness_lines",
     "fmt_ms",
     "fmt_share",
     "format_report",
+    "jain_index",
     "lane_of",
+    "largest_gap",
     "latency",
     "load_records",
     "main",
@@ -78,6 +106,11 @@ __all__ = [
     "slowest",
     "tail_analysis",
     "tail_size",
+    "tenant_analysis",
+    "tenant_lines",
+    "tenant_of",
+    "tenant_table",
     "verdict",
     "verdict_lines",
+    "was_served",
 ]

@@ -8,8 +8,9 @@ backend. Anything else in the stream (lifecycle events, a simulator's banner,
 broken lines) is skipped and counted, never fatal: logs are messy at 2 a.m.
 
 Everything here is plain functions over plain dicts so that tests and benchmarks
-can use them without the CLI; the reports that render the result live in
-`report_text` and `report_html`.
+can use them without the CLI; what one line says (its fields, its moments) is
+read in `fields`, the tenants' side of the log is `tenants`, and the reports that
+render the result live in `report_text` and `report_html`.
 """
 
 from __future__ import annotations
@@ -19,16 +20,26 @@ import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
+from gateway.tools.analyze.fields import (
+    NO_LANE,
+    Record,
+    arrival_s,
+    end_s,
+    iso_utc,
+    lane_of,
+    number,
+    outcome_of,
+    rounded,
+    was_served,
+)
+from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S, tenant_analysis
 from gateway.tools.stats import percentile, summarize
 
 #: Durations in the log line, in the order the report shows them.
 METRICS: tuple[str, ...] = ("queue_ms", "backend_ttft_ms", "ttft_ms", "tpot_ms", "e2e_ms")
 PERCENTILES: tuple[float, ...] = (50, 95, 99)
-#: Label for requests refused before a lane was chosen (e.g. prompt_too_long).
-NO_LANE = "(no lane)"
 #: The tail whose time is split into queue and backend: the slowest 1% of a lane.
 TAIL_FRACTION = 0.01
 #: Above this share of queue + backend time spent queued, the tail is queueing-bound.
@@ -61,9 +72,6 @@ VERDICT_RULE = (
     f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued; gateway-bound when "
     f"the gateway's own time (admission, relay) was more than either"
 )
-
-Record = dict[str, Any]
-
 
 # ----------------------------------------------------------------------------- reading
 
@@ -100,49 +108,7 @@ def load_records(lines: Iterable[str]) -> tuple[list[Record], int]:
     return records, skipped
 
 
-def number(record: Record, field: str) -> float | None:
-    """A finite numeric field, else None: a hand-edited or foreign line must not crash us."""
-    value = record.get(field)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def lane_of(record: Record) -> str:
-    lane = record.get("lane")
-    return lane if isinstance(lane, str) and lane else NO_LANE
-
-
-def outcome_of(record: Record) -> str:
-    outcome = record.get("outcome")
-    return outcome if isinstance(outcome, str) and outcome else "unknown"
-
-
 # ----------------------------------------------------------------------------- time axis
-
-
-def end_s(record: Record) -> float | None:
-    """The request's end as epoch seconds (the log line is written when it ends)."""
-    stamp = record.get("timestamp")
-    if not isinstance(stamp, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(stamp)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:  # the gateway logs UTC; a naive stamp is UTC too
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def arrival_s(record: Record) -> float | None:
-    """Arrival as epoch seconds: the end minus e2e_ms; None when either is missing."""
-    end = end_s(record)
-    e2e = number(record, "e2e_ms")
-    if end is None or e2e is None:
-        return None
-    return end - e2e / 1000.0
 
 
 def queue_depth_series(records: Iterable[Record]) -> list[tuple[float, int]]:
@@ -251,10 +217,10 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
     size = len(tail)
 
     def mean(part: str) -> float | None:
-        return _round(sums[part] / size) if size else None
+        return rounded(sums[part] / size) if size else None
 
     def share(part: str) -> float | None:
-        return _round(sums[part] / sums["total_ms"], 4) if sums["total_ms"] > 0 else None
+        return rounded(sums[part] / sums["total_ms"], 4) if sums["total_ms"] > 0 else None
 
     # The gateway's time in the path of a first token (admission, relay), not a refusal's.
     in_path = sum(b["gateway_ms"] for b in tail if b["measure"] == "ttft_ms")
@@ -264,8 +230,8 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
         "size": size,
         "ranked": len(ranked),
         "measures": dict(Counter(b["measure"] for b in tail)),
-        "cutoff_ms": _round(tail[-1]["total_ms"]) if tail else None,
-        "max_ms": _round(tail[0]["total_ms"]) if tail else None,
+        "cutoff_ms": rounded(tail[-1]["total_ms"]) if tail else None,
+        "max_ms": rounded(tail[0]["total_ms"]) if tail else None,
         "mean_total_ms": mean("total_ms"),
         "mean_queue_ms": mean("queue_ms"),
         "mean_backend_ms": mean("backend_ms"),
@@ -273,7 +239,7 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
         "queue_share": share("queue_ms"),
         "backend_share": share("backend_ms"),
         "gateway_share": share("gateway_ms"),
-        "queue_vs_backend": _round(sums["queue_ms"] / both, 4) if both > 0 else None,
+        "queue_vs_backend": rounded(sums["queue_ms"] / both, 4) if both > 0 else None,
         "verdict": kind,
         "verdict_text": VERDICT_TEXT[kind] if kind else None,
         "slowest": [_rounded(b) for b in ranked[:SLOWEST_LISTED]],
@@ -284,9 +250,17 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
 
 
 def analyze(
-    records: Sequence[Record], *, skipped: int = 0, tail_fraction: float = TAIL_FRACTION
+    records: Sequence[Record],
+    *,
+    skipped: int = 0,
+    tail_fraction: float = TAIL_FRACTION,
+    fairness_window_s: float = FAIRNESS_WINDOW_S,
 ) -> dict[str, Any]:
-    """Every number the text, JSON and HTML reports show, as one JSON-ready dict."""
+    """Every number the text, JSON and HTML reports show, as one JSON-ready dict.
+
+    `fairness_window_s` is the width of the windows the tenants' fair share is
+    judged in (`tenants.tenant_analysis`).
+    """
     by_lane: dict[str, list[Record]] = defaultdict(list)
     for record in records:
         by_lane[lane_of(record)].append(record)
@@ -298,6 +272,7 @@ def analyze(
         "tail_fraction": tail_fraction,
         "verdict_rule": VERDICT_RULE,
         "lanes": {lane: _lane(by_lane[lane], tail_fraction) for lane in order},
+        "tenants": tenant_analysis(records, window_s=fairness_window_s),
     }
     predictor = predictor_accuracy(records, lanes=order)
     if predictor is not None:  # a log from before the gateway predicted keeps its old shape
@@ -378,12 +353,6 @@ def _is_admitted(record: Record) -> bool:
     return record.get("status") == 200 or outcome_of(record) == "queue_timeout"
 
 
-def _was_served(record: Record) -> bool:
-    """Left the queue for a backend: a 200, unless the 200 was a stream already started
-    (keep-alive comments) that then ended in the queue with a timeout."""
-    return record.get("status") == 200 and outcome_of(record) != "queue_timeout"
-
-
 def _is_wait_refusal(record: Record) -> bool:
     return (
         record.get("error_code") == "wait_too_long"
@@ -395,7 +364,7 @@ def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, An
     errors = [
         abs(predicted - queue)
         for r in records
-        if _was_served(r)
+        if was_served(r)
         and (predicted := number(r, "predicted_wait_ms")) is not None
         and (queue := number(r, "queue_ms")) is not None
     ]
@@ -423,13 +392,13 @@ def _lane_predictor(records: Sequence[Record], horizon_s: float) -> dict[str, An
     judged = len(shares)
     return {
         "admitted_with_prediction": len(errors),
-        "median_abs_error_ms": _round(percentile(errors, 50)),
-        "p90_abs_error_ms": _round(percentile(errors, 90)),
+        "median_abs_error_ms": rounded(percentile(errors, 50)),
+        "p90_abs_error_ms": rounded(percentile(errors, 90)),
         "refused_wait_too_long": len(refused),
         "refusals_judged": judged,
         "would_have_made": made,
-        "would_have_made_share": _round(made / judged, 4) if judged else None,
-        "would_have_waited_share_p50": _round(percentile(shares, 50), 3),
+        "would_have_made_share": rounded(made / judged, 4) if judged else None,
+        "would_have_waited_share_p50": rounded(percentile(shares, 50), 3),
     }
 
 
@@ -439,7 +408,7 @@ def latency(records: Sequence[Record]) -> dict[str, dict[str, float | int | None
     for metric in METRICS:
         summary = summarize((number(r, metric) for r in records), PERCENTILES)
         out[metric] = {
-            key: (int(value) if key == "count" and value is not None else _round(value))
+            key: (int(value) if key == "count" and value is not None else rounded(value))
             for key, value in summary.items()
         }
     return out
@@ -452,20 +421,12 @@ def _window(records: Sequence[Record]) -> dict[str, Any] | None:
         return None
     start = min(starts) if starts else min(ends)
     end = max(ends)
-    return {"start": _iso(start), "end": _iso(end), "seconds": _round(end - start)}
-
-
-def _iso(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+    return {"start": iso_utc(start), "end": iso_utc(end), "seconds": rounded(end - start)}
 
 
 def _percent(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 2) if whole else 0.0
 
 
-def _round(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
-
-
 def _rounded(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: _round(v) if isinstance(v, float) else v for k, v in item.items()}
+    return {k: rounded(v) if isinstance(v, float) else v for k, v in item.items()}

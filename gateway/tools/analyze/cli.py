@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from typing import TextIO
 
 from gateway.tools.analyze.analyzer import TAIL_FRACTION, analyze, load_records
 from gateway.tools.analyze.report_text import format_report
+from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +46,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help="the slowest P%% of each lane decide the verdict (default 1)",
     )
+    parser.add_argument(
+        "--fairness-window",
+        type=float,
+        default=FAIRNESS_WINDOW_S,
+        metavar="S",
+        help="tenants' fair share is judged in windows of S seconds "
+        f"(default {FAIRNESS_WINDOW_S:g})",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the analysis; 0 on success, 1 when the input has no request line, 2 on usage errors."""
     if not 0 < args.tail_percent <= 100:
         print("analyze: --tail-percent must be in (0, 100]", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.fairness_window) and args.fairness_window > 0):
+        print("analyze: --fairness-window must be a positive number of seconds", file=sys.stderr)
         return 2
     if args.html:
         try:
@@ -66,7 +79,12 @@ def main(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"analyze: cannot read {args.logfile}: {exc}", file=sys.stderr)
         return 2
-    analysis = analyze(records, skipped=skipped, tail_fraction=args.tail_percent / 100)
+    analysis = analyze(
+        records,
+        skipped=skipped,
+        tail_fraction=args.tail_percent / 100,
+        fairness_window_s=args.fairness_window,
+    )
     if args.json != "-":
         sys.stdout.write(format_report(analysis))
     if args.json:

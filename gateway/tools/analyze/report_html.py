@@ -20,18 +20,26 @@ from typing import Any
 
 from gateway.tools.analyze.analyzer import (
     METRICS,
-    NO_LANE,
     QUEUE_BOUND_SHARE,
     VERDICT_RULE,
+    queue_depth_series,
+)
+from gateway.tools.analyze.fields import (
+    NO_LANE,
     Record,
     arrival_s,
     end_s,
     lane_of,
     number,
     outcome_of,
-    queue_depth_series,
 )
-from gateway.tools.analyze.report_text import fmt_ms, fmt_share
+from gateway.tools.analyze.report_text import (
+    GAP_VERDICT_TEXT,
+    cost_source_text,
+    fmt_ms,
+    fmt_share,
+)
+from gateway.tools.analyze.tenants import NO_TENANT
 from gateway.tools.stats import percentile
 
 #: The parts of a request's wait, in the colours every plot and card use.
@@ -53,6 +61,11 @@ DEPTH_POINTS = 2000
 SLOWEST_PLOTTED = 20
 #: Most points drawn per CDF line; the top of the distribution is always kept whole.
 CDF_POINTS = 1500
+#: Tenants in the per-tenant table and chart (most requests first); --json has all.
+TENANTS_SHOWN = 40
+#: The tenant chart's bars: weighted service (the engine's work) and P99 TTFT.
+SERVICE_COLOUR = BACKEND_COLOUR
+TTFT_COLOUR = "#636363"
 
 
 def render(analysis: dict[str, Any], records: Sequence[Record], *, source: str = "") -> str:
@@ -95,7 +108,9 @@ def render(analysis: dict[str, Any], records: Sequence[Record], *, source: str =
                 _svg(_timeline_figure(lanes, records, colours), "time"),
             ),
         ]
-    return _page(analysis, figures, source)
+        tenants = analysis.get("tenants") or {}
+        tenant_svg = _svg(_tenant_figure(tenants), "tenants") if tenants.get("count", 0) > 1 else ""
+    return _page(analysis, figures, source, tenant_svg)
 
 
 # ----------------------------------------------------------------------------- figures
@@ -308,6 +323,41 @@ def _peaks(xs: list[float], ys: list[int], span: float) -> tuple[list[float], li
     return out_x, out_y
 
 
+def _tenant_figure(tenants: dict[str, Any]) -> Any:
+    """Weighted service and P99 TTFT per tenant, side by side, most requests at the top."""
+    from matplotlib.figure import Figure
+
+    rows = list(tenants["table"].items())[:TENANTS_SHOWN]
+    fig = Figure(figsize=(10, 1.2 + 0.3 * len(rows)), layout="constrained")
+    service_ax, ttft_ax = fig.subplots(1, 2, sharey=True)
+    names = [name[:24] for name, _ in rows]
+    ys = list(range(len(rows)))
+    panels = (
+        (
+            service_ax,
+            [row["weighted_service"] for _, row in rows],
+            SERVICE_COLOUR,
+            "weighted service (cost / weight, tokens)",
+        ),
+        (ttft_ax, [row["ttft_ms"]["p99"] for _, row in rows], TTFT_COLOUR, "P99 TTFT (ms)"),
+    )
+    for ax, values, colour, label in panels:
+        widths = [value or 0.0 for value in values]
+        bars = ax.barh(ys, widths, color=colour, height=0.7)
+        ax.bar_label(
+            bars,
+            labels=["-" if value is None else fmt_ms(value) for value in values],
+            padding=3,
+            fontsize=8,
+        )
+        ax.set_xlim(0, max(widths) * 1.18 if max(widths, default=0) > 0 else 1)
+        ax.set_xlabel(label)
+        ax.tick_params(axis="y", length=0)
+    service_ax.set_yticks(ys, names, fontsize=8, family="monospace")
+    service_ax.invert_yaxis()
+    return fig
+
+
 def _empty(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="#777777")
     ax.set_xticks([])
@@ -381,7 +431,12 @@ svg.plot { height: auto; display: block; margin-top: 8px; }
 """
 
 
-def _page(analysis: dict[str, Any], figures: list[tuple[str, str, str]], source: str) -> str:
+def _page(
+    analysis: dict[str, Any],
+    figures: list[tuple[str, str, str]],
+    source: str,
+    tenant_svg: str = "",
+) -> str:
     e = html.escape
     window = analysis.get("window")
     when = f"{window['start']} → {window['end']} ({window['seconds']:.1f} s)" if window else ""
@@ -412,6 +467,11 @@ def _page(analysis: dict[str, Any], figures: list[tuple[str, str, str]], source:
         "<h2>Rejections, timeouts and errors</h2>",
         _failure_table(analysis),
     ]
+    if analysis.get("tenants"):
+        parts += [
+            '<h2 id="tenants-panel">Tenants</h2>',
+            _tenant_panel(analysis["tenants"], tenant_svg),
+        ]
     if analysis.get("predictor"):
         parts += ["<h2>Predictor: predicted wait vs measured, refusals</h2>"]
         parts += [_predictor_table(analysis["predictor"])]
@@ -543,3 +603,104 @@ def _predictor_table(predictor: dict[str, Any]) -> str:
         f"<tbody>{body}</tbody></table>"
         f'<p class="note">{e(predictor["rule"])}.</p>'
     )
+
+
+def _tenant_panel(tenants: dict[str, Any], svg: str) -> str:
+    """The per-tenant table, the chart, and the fair share per lane against VTC's bound."""
+    e = html.escape
+    table: dict[str, Any] = tenants["table"]
+    if tenants["count"] <= 1:
+        name = next(iter(table), NO_TENANT)
+        why = " (this log has no tenant field)" if not tenants["tagged"] else ""
+        head = f'<p class="note">One tenant, “{e(name)}”{why}: nothing to compare.</p>'
+    else:
+        head = (
+            f'<p class="note">{tenants["count"]} tenants, most requests first. Tokens served: '
+            "prompt + completion of served requests; cost: what the tenant's fair-share "
+            "counter was charged; weighted service: cost / weight; wait: queue_ms.</p>"
+        )
+    rows = list(table.items())[:TENANTS_SHOWN]
+    body = ""
+    for name, row in rows:
+        weight = "-" if row["weight"] is None else f"{row['weight']:g}"
+        refusals = ", ".join(f"{code} {n}" for code, n in row["refusals"].items()) or "-"
+        body += (
+            f"<tr><td>{e(name)}</td><td>{weight}</td><td>{row['requests']}</td>"
+            f"<td>{row['served']}</td><td>{row['tokens_served']}</td>"
+            f"<td>{fmt_ms(row['cost_tokens'])}</td><td>{fmt_ms(row['weighted_service'])}</td>"
+            f"<td class=first>{fmt_ms(row['ttft_ms']['p50'])}</td>"
+            f"<td>{fmt_ms(row['ttft_ms']['p99'])}</td>"
+            f"<td class=first>{fmt_ms(row['queue_ms']['p50'])}</td>"
+            f"<td>{fmt_ms(row['queue_ms']['p99'])}</td>"
+            f"<td class='text first'>{e(refusals)}</td></tr>"
+        )
+    more = (
+        f'<p class="note">… and {len(table) - len(rows)} more tenants (all in --json).</p>'
+        if len(table) > len(rows)
+        else ""
+    )
+    parts = [
+        head,
+        '<table><thead><tr><th class="text">tenant</th><th>weight</th><th>requests</th>'
+        "<th>served</th><th>tokens served</th><th>cost</th><th>weighted service</th>"
+        '<th class="first">TTFT p50 ms</th><th>TTFT p99 ms</th>'
+        '<th class="first">wait p50 ms</th><th>wait p99 ms</th>'
+        '<th class="text first">refusals by code</th></tr></thead>'
+        f"<tbody>{body}</tbody></table>",
+        more,
+    ]
+    if tenants["count"] <= 1:
+        return "\n".join(parts)
+    parts += [
+        '<p class="note">Left: each tenant\'s weighted service over the whole log (equal bars '
+        "mean served by weight only where the tenants were all backlogged all along: the "
+        "fair share below says where they were); right: its P99 TTFT.</p>",
+        svg,
+        _fairness_table(tenants),
+    ]
+    return "\n".join(parts)
+
+
+def _fairness_table(tenants: dict[str, Any]) -> str:
+    e = html.escape
+    fairness = tenants["fairness"]
+    title = (
+        f"<h3>Fair share per lane: Jain's index over {fairness['window_s']:g} s windows, "
+        "largest gap against VTC's bound</h3>"
+    )
+    if not fairness["lanes"]:
+        return title + '<p class="note">No lane had requests of two tenants queued.</p>'
+    body = ""
+    for lane, data in fairness["lanes"].items():
+        gap = data["gap"] or {}
+
+        def tokens(key: str, gap: dict[str, Any] = gap) -> str:
+            return "-" if gap.get(key) is None else fmt_ms(gap[key])
+
+        body += (
+            f"<tr><td>{e(lane)}</td><td>{data['tenants']}</td><td>{data['windows']}</td>"
+            f"<td>{data['windows_one_tenant']}</td><td>{_jain(data['min_jain'])}</td>"
+            f"<td>{_jain(data['median_jain'])}</td><td class=first>{tokens('max_gap')}</td>"
+            f"<td>{tokens('bound')}</td><td>{tokens('in_flight_max')}</td>"
+            f"<td class=text>{e(' vs '.join(gap.get('pair', [])) or '-')}</td>"
+            f"<td class=text>{e(GAP_VERDICT_TEXT[gap['verdict']]) if gap else '-'}</td></tr>"
+        )
+    overall = (
+        f"All lanes: {fairness['windows']} windows, min J {_jain(fairness['min_jain'])}, "
+        f"median J {_jain(fairness['median_jain'])} (1.0 = served exactly by weight). "
+        if fairness["windows"]
+        else "No window had two tenants backlogged and served. "
+    )
+    return (
+        title + '<table><thead><tr><th class="text">lane</th><th>tenants</th><th>windows</th>'
+        "<th>windows with one tenant</th><th>min J</th><th>median J</th>"
+        '<th class="first">max gap</th><th>bound 2·U</th><th>in flight</th>'
+        '<th class="text">pair</th><th class="text">gap</th></tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+        f'<p class="note">{e(overall)}{e(cost_source_text(tenants["cost_source"]))}. '
+        f"{e(fairness['rule'])}. {e(fairness['gap_rule'])}.</p>"
+    )
+
+
+def _jain(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

@@ -10,6 +10,7 @@ import textwrap
 from typing import Any
 
 from gateway.tools.analyze.analyzer import QUEUE_BOUND_SHARE, VERDICT_RULE
+from gateway.tools.analyze.tenants import COST_FALLBACK, COST_LOGGED, NO_TENANT
 
 MEASURE_TEXT = {"ttft_ms": "TTFT", "e2e_ms": "e2e (no first token)"}
 MEASURE_LEGEND = (
@@ -121,6 +122,9 @@ def format_report(analysis: dict[str, Any]) -> str:
     predictor = analysis.get("predictor")
     if predictor:
         out += ["", *predictor_lines(predictor)]
+    tenants = analysis.get("tenants")
+    if tenants:
+        out += ["", *tenant_lines(tenants)]
     out += ["", "HOW TO READ"]
     out += textwrap.wrap(
         f"{VERDICT_RULE}. {MEASURE_LEGEND}. Gateway time is admission (token counting) and "
@@ -162,3 +166,148 @@ def predictor_lines(predictor: dict[str, Any]) -> list[str]:
 
 def _ms_or_dash(value: float | None) -> str:
     return "-" if value is None else f"{fmt_ms(value)} ms"
+
+
+#: Tenants listed one by one in the text report (most requests first); --json has all.
+TENANTS_LISTED = 20
+GAP_VERDICT_TEXT = {
+    "within_bound": "within VTC's bound",
+    "within_bound_plus_in_flight": "over 2·U by less than the pair's requests in flight",
+    "over_bound": "over the bound, in-flight requests included",
+}
+
+
+def tenant_lines(tenants: dict[str, Any]) -> list[str]:
+    """The TENANTS section: what each tenant got, then per lane whether that was fair."""
+    table: dict[str, Any] = tenants["table"]
+    if tenants["count"] <= 1:
+        name = next(iter(table), NO_TENANT)
+        why = " (this log has no tenant field)" if not tenants["tagged"] else ""
+        out = [f'TENANTS: one tenant, "{name}"{why}: nothing to compare']
+    else:
+        out = [
+            f"TENANTS: {tenants['count']}; tokens = prompt + completion of served requests, "
+            "wait = queue_ms"
+        ]
+    out.append(
+        f"  {'tenant':<18}{'weight':>7}{'requests':>9}{'served':>8}{'tokens':>11}"
+        f"{'TTFT p50':>9}{'TTFT p99':>9}{'wait p50':>9}{'wait p99':>9}{'refused':>8}"
+    )
+    listed = list(table.items())[:TENANTS_LISTED]
+    for name, row in listed:
+        weight = "-" if row["weight"] is None else f"{row['weight']:g}"
+        out.append(
+            f"  {name[:17]:<18}{weight[:6]:>7}{row['requests']:>9}{row['served']:>8}"
+            f"{row['tokens_served']:>11}{fmt_ms(row['ttft_ms']['p50']):>9}"
+            f"{fmt_ms(row['ttft_ms']['p99']):>9}{fmt_ms(row['queue_ms']['p50']):>9}"
+            f"{fmt_ms(row['queue_ms']['p99']):>9}{sum(row['refusals'].values()):>8}"
+        )
+    if len(table) > len(listed):
+        out.append(f"  ... and {len(table) - len(listed)} more tenant(s) (all of them in --json)")
+    refused = "; ".join(
+        f"{name} " + ", ".join(f"{code} {count}" for code, count in row["refusals"].items())
+        for name, row in listed
+        if row["refusals"]
+    )
+    if refused:
+        out += textwrap.wrap(
+            "refused by code: " + refused,
+            width=98,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
+    if tenants["count"] <= 1:
+        return out
+    return out + ["", *fairness_lines(tenants)]
+
+
+def fairness_lines(tenants: dict[str, Any]) -> list[str]:
+    """FAIR SHARE per lane: Jain's index over contended windows, and the gap against 2·U."""
+    fairness = tenants["fairness"]
+    out = [
+        f"FAIR SHARE per lane: Jain's J over {fairness['window_s']:g} s windows with ≥ 2 tenants "
+        f"backlogged ≥ {fairness['backlog_share']:.0%} and served"
+    ]
+    if not fairness["lanes"]:
+        out.append("  no lane had requests of two tenants queued: nothing to compare")
+        return out
+    out.append(
+        f"  {'lane':<18}{'tenants':>8}{'windows':>8}{'one':>9}{'min J':>8}{'median J':>9}"
+        f"{'max gap':>11}{'bound 2U':>11}{'in flight':>11}"
+    )
+    for lane, data in fairness["lanes"].items():
+        gap = data["gap"] or {}
+        out.append(
+            f"  {lane[:17]:<18}{data['tenants']:>8}{data['windows']:>8}"
+            f"{data['windows_one_tenant']:>9}{_index(data['min_jain']):>8}"
+            f"{_index(data['median_jain']):>9}{_tokens(gap.get('max_gap')):>11}"
+            f"{_tokens(gap.get('bound')):>11}{_tokens(gap.get('in_flight_max')):>11}"
+        )
+        if gap:
+            pair = " vs ".join(name[:24] for name in gap["pair"])
+            out += textwrap.wrap(
+                f"largest gap {pair}, {gap['start'][11:23]} → {gap['end'][11:23]}: "
+                f"{GAP_VERDICT_TEXT[gap['verdict']]}; {gap['intervals_over_bound']} of "
+                f"{gap['pair_intervals']} co-backlogged interval(s) over 2·U",
+                width=98,
+                initial_indent="    ",
+                subsequent_indent="      ",
+            )
+        worst = data["worst_window"]
+        if worst and worst["jain"] < 1:
+            shares = sorted(worst["weighted_service"].items(), key=lambda item: -item[1])
+            listed = ", ".join(f"{name[:20]} {_tokens(x)}" for name, x in shares[:6])
+            more = f" and {len(shares) - 6} more" if len(shares) > 6 else ""
+            out += textwrap.wrap(
+                f"least fair window from {worst['start'][11:23]}: J {_index(worst['jain'])}, "
+                f"weighted service {listed}{more}",
+                width=98,
+                initial_indent="    ",
+                subsequent_indent="      ",
+            )
+        if data["backlogged_unserved"]:
+            out.append(
+                f"    {data['backlogged_unserved']} time(s) a tenant backlogged "
+                f"≥ {fairness['backlog_share']:.0%} of a window got nothing while another was served"
+            )
+    if fairness["windows"]:
+        out.append(
+            f"  all lanes: {fairness['windows']} window(s), min J {_index(fairness['min_jain'])}, "
+            f"median J {_index(fairness['median_jain'])} (1.0 = served exactly by weight)"
+        )
+    out.append("  " + cost_source_text(tenants["cost_source"]))
+    out += textwrap.wrap(
+        "windows: those counted; one: those with a single tenant backlogged and served (not "
+        "counted); gap, bound and in flight are in weighted tokens. "
+        f"{fairness['rule']}. {fairness['gap_rule']}.",
+        width=98,
+        initial_indent="  ",
+        subsequent_indent="  ",
+    )
+    return out
+
+
+def cost_source_text(sources: dict[str, int]) -> str:
+    """Which figure the weighted service was counted from: the gateway's charge or a stand-in."""
+    logged, fallback = sources[COST_LOGGED], sources[COST_FALLBACK]
+    if not fallback:
+        return f"service counted from cost_tokens (what the gateway charged), {logged} request(s)"
+    stand_in = (
+        "uncached prompt + completion tokens (lines without cost_tokens; output weight taken as 1)"
+    )
+    if not logged:
+        return f"service counted from {stand_in}, {fallback} request(s)"
+    return (
+        f"service counted from cost_tokens for {logged} request(s), from {stand_in} for {fallback}"
+    )
+
+
+def _index(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _tokens(value: float | None) -> str:
+    """Weighted tokens: whole numbers once they are large, one decimal below 1000."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.1f}"

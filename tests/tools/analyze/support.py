@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.observability.logs import render_request_line
+from gateway.observability.record import RequestRecord
+from gateway.outcomes import Outcome
 from gateway.tools import analyze as analyzer
 
 END = "2026-01-01T00:00:10.000000Z"  # 1767225610.0 as epoch seconds
@@ -77,3 +81,111 @@ def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
 def write_log(path: Path, records: list[dict[str, Any]]) -> Path:
     path.write_text("banner\n" + "".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+# ----------------------------------------------------------------------------- tenants
+
+#: The epoch second that tenant logs count their times from (`at=0.0`).
+ORIGIN_S = END_S - 1000.0
+
+
+def _stamp(at: float) -> str:
+    moment = datetime.fromtimestamp(ORIGIN_S + at, UTC)
+    return moment.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def tenant_line(
+    tenant: str | None,
+    weight: float | None,
+    *,
+    arrive: float,
+    dispatch: float | None,
+    end: float,
+    cost: float | None = None,
+    lane: str = "interactive",
+    prompt: int = 100,
+    completion: int | None = 20,
+    cached: int | None = None,
+    ttft_after_dispatch: float = 0.05,
+    refusal: str | None = None,
+) -> dict[str, Any]:
+    """A request line as the gateway writes it (RequestRecord + render_request_line).
+
+    Times are seconds after ORIGIN_S. `dispatch=None` with a `refusal` code: refused
+    at the door (never queued); otherwise it queued from `arrive` to `dispatch`.
+    """
+    record = RequestRecord(
+        request_id=f"req-{next(_IDS)}",
+        route="/v1/chat/completions",
+        arrival=arrive,
+        model="m",
+        tenant=tenant,
+        tenant_weight=weight,
+        cost_tokens=cost,
+        stream=True,
+        lane=lane,
+        prompt_tokens=prompt,
+        max_tokens_requested=64,
+        max_tokens=64,
+        end=end,
+    )
+    if refusal is None:
+        assert dispatch is not None
+        record.enqueued, record.dispatched = arrive, dispatch
+        record.first_token = dispatch + ttft_after_dispatch
+        record.backend, record.status, record.outcome = "b0", 200, Outcome.OK
+        record.completion_tokens, record.cached_tokens = completion, cached
+    else:
+        record.status, record.error_code = 429, refusal
+        record.outcome = Outcome(f"rejected_{refusal}")
+        if dispatch is not None:  # displaced from a full queue: it did wait
+            record.enqueued = arrive
+    line = json.loads(render_request_line(record))
+    line["timestamp"] = _stamp(end)
+    return line
+
+
+def backlogged_pair(
+    first: tuple[str, float, list[float], float],
+    second: tuple[str, float, list[float], float],
+    *,
+    arrive: float = 0.0,
+    service_s: float = 0.3,
+) -> list[dict[str, Any]]:
+    """Two tenants whose requests all arrive at `arrive` and leave at the given times.
+
+    Each tenant is (name, weight, dispatch times, cost of each request); every
+    request is then in the backend for `service_s`. Until its last dispatch a
+    tenant is backlogged the whole time.
+    """
+    lines = []
+    for name, weight, dispatches, cost in (first, second):
+        for at in dispatches:
+            lines.append(
+                tenant_line(name, weight, arrive=arrive, dispatch=at, end=at + service_s, cost=cost)
+            )
+    return sorted(lines, key=lambda line: line["timestamp"])
+
+
+def fair_log() -> list[dict[str, Any]]:
+    """a (weight 2) gets 200-token requests, b (weight 1) 100-token ones, one each a second.
+
+    Both queue everything at t=0. In [0, 10): a is dispatched at 0.5 … 9.5 (10 × 200 / 2 =
+    1000 weighted), b at 0.25 … 9.25 (10 × 100 / 1 = 1000): served 2:1 in tokens, 1:1 by
+    weight. One more each after the window (a at 10.5, b at 10.2) keeps both backlogged
+    through it.
+    """
+    a = [0.5 + i for i in range(10)] + [10.5]
+    b = [0.25 + i for i in range(10)] + [10.2]
+    return backlogged_pair(("a", 2.0, a, 200.0), ("b", 1.0, b, 100.0))
+
+
+def unfair_log() -> list[dict[str, Any]]:
+    """a (weight 2) gets a 300-token request every second, b (weight 1) a 100-token one every 2 s.
+
+    In [0, 10): a 10 × 300 / 2 = 1500, b 5 × 100 = 500, so J = 2000² / (2 · (1500² + 500²))
+    = 0.8.
+    """
+    a = [0.5 + i for i in range(11)]
+    b = [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+    return backlogged_pair(("a", 2.0, a, 300.0), ("b", 1.0, b, 100.0))

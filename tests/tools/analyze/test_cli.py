@@ -20,7 +20,13 @@ from gateway.tools.analyze import (
     load_records,
 )
 from tests.conftest import StartGateway, StartSimulator, chat
-from tests.tools.analyze.support import lane_with_slow_tail, run_cli, write_log
+from tests.tools.analyze.support import (
+    fair_log,
+    lane_with_slow_tail,
+    run_cli,
+    unfair_log,
+    write_log,
+)
 
 
 def test_cli_reads_a_file_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -119,3 +125,36 @@ async def test_overloaded_interactive_lane_is_diagnosed_as_queueing(
     assert max(len(line) for line in out.splitlines()) <= 100
     assert json.loads((tmp_path / "a.json").read_text()) == analysis
     print(out)  # shown with -s: what on-call would read
+
+
+def test_cli_fairness_window_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    log = write_log(tmp_path / "gw.log", fair_log())
+    code, out, _ = run_cli([str(log), "--json", str(tmp_path / "ten.json")], capsys)
+    assert code == 0 and "Jain's J over 10 s windows" in out
+    fairness = json.loads((tmp_path / "ten.json").read_text())["tenants"]["fairness"]
+    assert fairness["window_s"] == 10.0 and fairness["lanes"]["interactive"]["jain"] == [1.0]
+
+    code, out, _ = run_cli(
+        [str(log), "--fairness-window", "5", "--json", str(tmp_path / "five.json")], capsys
+    )
+    assert code == 0 and "Jain's J over 5 s windows" in out
+    fairness = json.loads((tmp_path / "five.json").read_text())["tenants"]["fairness"]
+    assert fairness["window_s"] == 5.0 and fairness["full_windows"] == 2
+    assert fairness["lanes"]["interactive"]["jain"] == [1.0, 1.0]
+    assert fairness["windows"] == 2
+
+    for bad in ("0", "-3", "nan", "inf"):
+        code, _, err = run_cli([str(log), "--fairness-window", bad], capsys)
+        assert code == 2, bad
+        assert "--fairness-window must be a positive number of seconds" in err
+
+
+def test_cli_json_has_the_tenant_figures(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    log = write_log(tmp_path / "gw.log", unfair_log())
+    code, out, _ = run_cli([str(log), "--json", "-"], capsys)
+    assert code == 0
+    tenants = json.loads(out)["tenants"]
+    assert tenants["table"]["a"]["weighted_service"] == 1650.0
+    lane = tenants["fairness"]["lanes"]["interactive"]
+    assert lane["min_jain"] == 0.8 and lane["gap"]["max_gap"] == 1150.0
+    assert lane["gap"]["bound"] == 300.0

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.tools.analyze.support import lane_with_slow_tail, rec, run_cli, write_log
+from tests.tools.analyze.support import (
+    lane_with_slow_tail,
+    rec,
+    run_cli,
+    tenant_line,
+    unfair_log,
+    write_log,
+)
 
 
 def test_html_without_matplotlib_says_how_to_install(
@@ -36,8 +43,43 @@ def test_html_report_is_self_contained(tmp_path: Path, capsys: pytest.CaptureFix
     code, _, _ = run_cli([str(log), "--html", str(out)], capsys)
     assert code == 0
     page = out.read_text()
-    assert page.count("<svg") == 3
+    assert page.count("<svg") == 3  # one tenant: no tenant chart
     assert "queueing-bound" in page and "backend-bound" in page
+    assert "One tenant, “(none)” (this log has no tenant field): nothing to compare." in page
+    assert_self_contained(page)
+
+
+def test_html_report_has_a_tenant_panel(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib")
+    records = unfair_log()
+    records.append(
+        tenant_line("b", 1.0, arrive=2.0, dispatch=None, end=2.001, refusal="quota_exceeded")
+    )
+    log = write_log(tmp_path / "gw.log", records)
+    out = tmp_path / "report.html"
+    code, _, _ = run_cli([str(log), "--html", str(out)], capsys)
+    assert code == 0
+    page = out.read_text()
+    panel = page[page.index('<h2 id="tenants-panel">Tenants</h2>') :]
+    # a: weight 2, 11 requests all served, 1320 tokens, 3300 charged, 1650 weighted
+    assert (
+        "<tr><td>a</td><td>2</td><td>11</td><td>11</td><td>1320</td><td>3300</td><td>1650</td>"
+        in panel
+    )
+    assert (
+        "<tr><td>b</td><td>1</td><td>7</td><td>6</td><td>720</td><td>600.0</td><td>600.0</td>"
+        in panel
+    )
+    assert "quota_exceeded 1</td>" in panel
+    # the chart: one bar per tenant, labelled with its weighted service
+    assert page.count("<svg") == 4 and 'id="tenants"' in panel
+    assert "weighted service (cost / weight, tokens)" in panel
+    assert re.search(r">1650</text>", panel) and re.search(r">600\.0</text>", panel)
+    # the fair share: J 0.8 in the one contended window, gap 1150 against 2·U = 300
+    assert "<td>1</td><td>0</td><td>0.800</td><td>0.800</td><td class=first>1150</td>" in panel
+    assert "<td>300.0</td><td>150.0</td><td class=text>a vs b</td>" in panel
+    assert "over the bound, in-flight requests included" in panel
+    assert "The gateway charges output tokens when a request ends" in panel
     assert_self_contained(page)
 
 

@@ -8,7 +8,13 @@ from gateway.tools.analyze import (
     analyze,
     format_report,
 )
-from tests.tools.analyze.support import lane_with_slow_tail, rec
+from tests.tools.analyze.support import (
+    fair_log,
+    lane_with_slow_tail,
+    rec,
+    tenant_line,
+    unfair_log,
+)
 
 
 def test_text_report_leads_with_the_verdicts_and_fits_100_columns() -> None:
@@ -34,3 +40,59 @@ def test_empty_input_says_so() -> None:
     report = format_report(analyze([], skipped=3))
     assert "0 requests" in report and "3 other line(s) skipped" in report
     assert "no request lines" in report
+
+
+def test_text_report_has_the_tenant_section_with_its_numbers() -> None:
+    records = unfair_log()
+    records.append(
+        tenant_line("b", 1.0, arrive=2.0, dispatch=None, end=2.001, refusal="quota_exceeded")
+    )
+    report = format_report(analyze(records))
+    lines = report.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert report.index("REJECTIONS") < report.index("TENANTS: 2") < report.index("HOW TO READ")
+    # a: 11 served × (100 prompt + 20 completion); b: 6 served, one refused
+    assert re.search(r"\n  a +2 +11 +11 +1320 ", report)
+    assert re.search(r"\n  b +1 +7 +6 +720 .* 1\n", report)
+    assert "  refused by code: b quota_exceeded 1\n" in report
+    assert re.search(r"\n  interactive +2 +1 +0 +0\.800 +0\.800 +1150 +300\.0 +150\.0\n", report)
+    assert "largest gap a vs b" in report
+    assert (
+        "    least fair window from 23:43:30.000: J 0.800, weighted service a 1500, b 500.0\n"
+        in report
+    )
+    assert "over the bound, in-flight requests included" in report
+    assert (
+        "all lanes: 1 window(s), min J 0.800, median J 0.800 (1.0 = served exactly by weight)"
+        in report
+    )
+    assert "service counted from cost_tokens (what the gateway charged), 17 request(s)" in report
+    prose = " ".join(report.split())
+    assert "The gateway charges output tokens when a request ends, so a request in flight" in prose
+    assert "backlogged for ≥ 80% of it" in prose
+
+
+def test_text_report_of_a_fair_log_is_within_the_bound() -> None:
+    report = format_report(analyze(fair_log()))
+    assert re.search(r"\n  interactive +2 +1 +0 +1\.000 +1\.000 +100\.0 +200\.0 +100\.0\n", report)
+    prose = " ".join(report.split())
+    assert "within VTC's bound; 0 of 1 co-backlogged interval(s) over 2·U" in prose
+
+
+def test_text_report_of_an_old_log_says_there_is_one_tenant() -> None:
+    records = [rec() for _ in range(3)]
+    report = format_report(analyze(records))
+    assert (
+        'TENANTS: one tenant, "(none)" (this log has no tenant field): nothing to compare' in report
+    )
+    assert re.search(r"\n  \(none\) +- +3 +3 +90 ", report)
+    assert "FAIR SHARE" not in report
+
+
+def test_text_report_says_when_service_is_counted_without_cost_tokens() -> None:
+    records = [line | {"cost_tokens": None} for line in fair_log()]
+    report = format_report(analyze(records))
+    assert (
+        "service counted from uncached prompt + completion tokens (lines without cost_tokens; "
+        "output weight taken as 1), 22 request(s)"
+    ) in report
