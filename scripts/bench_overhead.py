@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import html
-import io
 import json
 import os
 import platform
@@ -54,7 +53,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import zlib
@@ -64,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchlib import free_port, wait_ready
+from benchlib import checkout, free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -1034,21 +1032,6 @@ async def start_everything(args: argparse.Namespace, fleet: Fleet) -> Bench:
     for name, target in targets.items():
         await wait_fleet_ready(target.url, "/readyz" if name in GATEWAYS else "/health", fleet)
     return Bench(args, fleet, mock.pid, mock_url, targets)
-
-
-def checkout(revision: str, into: Path) -> Path:
-    """The repository's files at `revision` (`git archive`), to run its gateway from."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", revision],
-        capture_output=True,
-        check=False,
-    )
-    if archive.returncode != 0:
-        raise SystemExit(f"--baseline {revision}: {archive.stderr.decode(errors='replace')}")
-    into.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(into, filter="data")
-    return into
 
 
 def environment_notes(bench: Bench) -> dict[str, Any]:

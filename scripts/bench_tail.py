@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import Process
+from benchlib import Process, checkout
 from benchlib import start_gateway as start_gateway_process
 from benchlib import start_simulator as start_simulator_process
 
@@ -95,12 +95,19 @@ def gateway_config(kind: str, backend: str, slots: int) -> str:
     return backend_toml + LANES_EXTRA  # the default lanes and prefill budget, unless given
 
 
+#: `--baseline REV`: the tree of an earlier revision, whose lanes gateway runs beside.
+BASELINE_SOURCE: Path | None = None
+
+
 async def start_gateway(kind: str, backend: str, slots: int, out_dir: Path, tag: str) -> Process:
+    """The `fifo`, `lanes` or `baseline` gateway (the default lanes at `--baseline REV`)."""
+    source = BASELINE_SOURCE if kind == "baseline" else None
     return await start_gateway_process(
         kind,
-        gateway_config(kind, backend, slots),
+        gateway_config("lanes" if kind == "baseline" else kind, backend, slots),
         out_dir / f"{tag}-{kind}.toml",
         out_dir / f"{tag}-{kind}.log",
+        source=source or ROOT,
     )
 
 
@@ -247,6 +254,23 @@ def print_table(load: float, rate: float, rows: list[Row]) -> None:
         f"class objective (short {TTFT_SLO_MS['short'] / 1000:.3g} s, long 30 s); "
         "rej p99 = time to a gateway refusal"
     )
+
+
+def print_against_baseline(lanes: Row, baseline: Row, revision: str) -> None:
+    """This code's lanes gateway beside the same gateway at `revision`, same schedule."""
+
+    def figures(row: Row) -> str:
+        short, long_ = class_stats(row, "short"), class_stats(row, "long")
+        tokens = sum(r.tokens for r in row.results.results if r.ok and r.cls == "long")
+        refused = sum(rejections(row, "short").values())
+        return (
+            f"short p99 {fmt(pct(short, 'ttft_ms', 'p99'), 1000)} s, short refused "
+            f"{refused}/{short.get('count', 0)}, long ok {long_.get('ok', 0)}/"
+            f"{long_.get('count', 0)}, long tokens/s {tokens / max(row.results.wall_s, 1e-9):.1f}"
+        )
+
+    print(f"  this code:  {figures(lanes)}")
+    print(f"  {revision:<10}: {figures(baseline)}")
 
 
 def check_targets(
@@ -542,6 +566,12 @@ async def main() -> int:
         "--timeout", type=float, default=60.0, help="client timeout per request (the seed's 60 s)"
     )
     parser.add_argument("--out", default="results/bench_tail", help="folder for JSON and logs")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run the lanes gateway of this git revision, target 'baseline' (a change's "
+        "before and after in the same run)",
+    )
     args = parser.parse_args()
     if args.scenario == "mix":
         try:
@@ -557,6 +587,11 @@ async def main() -> int:
     wanted = set(args.targets.split(","))
     out_dir = ROOT / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.baseline:
+        global BASELINE_SOURCE
+        wanted.add("baseline")
+        tree = out_dir / f"baseline-{args.baseline}"
+        BASELINE_SOURCE = tree if tree.exists() else checkout(args.baseline, tree)
 
     processes: list[Process] = []
     try:
@@ -615,6 +650,11 @@ async def main() -> int:
                 "lanes": (lanes.url, schedule),
                 "short-only": (backend, short_only),
             }
+            baseline = None
+            if "baseline" in wanted:
+                baseline = await start_gateway("baseline", backend, args.slots, out_dir, tag)
+                processes.append(baseline)
+                runs["baseline"] = (baseline.url, schedule)
             rows = {
                 name: await run_target(name, url, plan, args.model, args.timeout)
                 for name, (url, plan) in runs.items()
@@ -622,6 +662,8 @@ async def main() -> int:
             }
             fifo.stop()
             lanes.stop()
+            if baseline is not None:
+                baseline.stop()
             print_table(load, rate, list(rows.values()))
             checks: list[tuple[str, bool, str]] = []
             if {"direct", "lanes"} <= set(rows):
@@ -633,6 +675,8 @@ async def main() -> int:
             for name, passed, figures in checks:
                 all_passed &= passed
                 print(f"  [{'PASS' if passed else 'FAIL'}] {name}: {figures}")
+            if {"baseline", "lanes"} <= set(rows):
+                print_against_baseline(rows["lanes"], rows["baseline"], args.baseline)
             predictor = predictor_report(lanes.log_path) if "lanes" in rows else None
             if "lanes" in rows:
                 print_predictor("lanes", predictor)

@@ -8,10 +8,12 @@ stops every one it started, however it ends (`Process.stop`).
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,9 +96,28 @@ async def start_simulator(flags: Sequence[str] = (), name: str = "simulator") ->
     return process
 
 
-async def start_gateway(name: str, config_toml: str, config_path: Path, log_path: Path) -> Process:
+def checkout(revision: str, into: Path) -> Path:
+    """The repository's files at `revision` (`git archive`), to run its gateway from
+    (`start_gateway(..., source=...)`): a change's before and after in one run."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", revision],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise SystemExit(f"--baseline {revision}: {archive.stderr.decode(errors='replace')}")
+    into.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+async def start_gateway(
+    name: str, config_toml: str, config_path: Path, log_path: Path, source: Path = ROOT
+) -> Process:
     """`python -m gateway serve` with this TOML (written to `config_path`); its request log
-    to `log_path`, its own events (what it learned, warnings) next to it (`.events`)."""
+    to `log_path`, its own events (what it learned, warnings) next to it (`.events`).
+    `source`: the tree whose gateway runs (`checkout` for an earlier revision)."""
     port = free_port()
     config_path.write_text(config_toml)
     with log_path.open("w") as log, log_path.with_suffix(".events").open("w") as events:
@@ -105,7 +126,7 @@ async def start_gateway(name: str, config_toml: str, config_path: Path, log_path
                 *(sys.executable, "-m", "gateway", "serve"),
                 *("--config", str(config_path), "--port", str(port)),
             ],
-            cwd=ROOT,
+            cwd=source,
             stdout=log,
             stderr=events,
             env=_child_env(),

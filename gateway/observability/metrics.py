@@ -358,6 +358,16 @@ class _LearnedGauges(Collector):
             "Wait predicted for a request arriving now, by lane.",
             labels=["lane"],
         )
+        demand = GaugeMetricFamily(
+            "gateway_lane_demand_slots",
+            "A lane's measured demand in slots: its arrival rate times its slot hold time.",
+            labels=["lane"],
+        )
+        headroom = GaugeMetricFamily(
+            "gateway_lane_headroom_slots",
+            "Slots an active lane keeps from the lanes below it for its own demand.",
+            labels=["lane"],
+        )
         for lane in self.scheduler.lanes:
             deadline.add_metric([lane.name], lane.deadline_s)
             if lane.name in self.floors:
@@ -365,5 +375,8 @@ class _LearnedGauges(Collector):
             wait = self.scheduler.predicted_wait_s(lane.name)
             if wait is not None:
                 predicted.add_metric([lane.name], wait)
+            shares = self.scheduler.headroom_figures(lane.name)
+            demand.add_metric([lane.name], shares["demand_slots"])
+            headroom.add_metric([lane.name], shares["headroom_slots"])
         yield from (prefill, decode, overhead, ratio, prefilling_s, waiting, running)
-        yield from (deadline, floor, predicted)
+        yield from (deadline, floor, predicted, demand, headroom)

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
 from gateway.scheduling.fairness import FairQueue, TokenCost
+from gateway.scheduling.headroom import ArrivalRate, slots_needed
 from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
@@ -169,8 +170,9 @@ class LaneState:
     wait_per_place: WindowedMedian = field(
         default_factory=lambda: WindowedMedian(0.0, min_samples=WAIT_SAMPLES_NEEDED)
     )
-    #: Lanes that go before this one and share some of its backends.
+    #: Lanes that go before this one and share some of its backends, and those after.
     higher: list[LaneState] = field(default_factory=list)
+    lower: list[LaneState] = field(default_factory=list)
     #: Its latest requests' queue waits (seconds; a timed-out one counts its deadline).
     recent_waits: deque[float] = field(default_factory=lambda: deque(maxlen=PRESSURE_SAMPLES))
     #: When its latest requests got their slots (the drain rate's samples).
@@ -180,6 +182,12 @@ class LaneState:
     #: Gets no new slot while set (with [redis]: a higher lane has requests waiting in
     #: another replica of the fleet).
     held_back: bool = False
+    #: Its recent arrivals (admitted or not: its demand).
+    arrivals: ArrivalRate = field(default_factory=ArrivalRate)
+    #: Its demand in slots (arrival rate x slot hold), and the slots that demand needs
+    #: (`headroom.slots_needed`), as of its latest arrival or release.
+    demand_slots: float = 0.0
+    headroom: int = 0
 
     @property
     def name(self) -> str:
@@ -222,6 +230,8 @@ class Scheduler:
                 for other in self._lanes[:index]
                 if competes is None or competes(lane.name, other.name)
             ]
+            for other in lane.higher:
+                other.lower.append(lane)
         self._source = source
         #: The one clock of every estimate (waits, hold times, promotion ages). Only the
         #: queue timeout and the end of a deferral are loop timers: they must fire.
@@ -288,7 +298,7 @@ class Scheduler:
     def _starts_now(self, lane: LaneState) -> bool:
         return (
             not lane.queue
-            and lane.in_flight < lane.slot_limit
+            and lane.in_flight < self._limit(lane, self._now())
             and not any(other.queue for other in lane.higher)
             and self._source.has_free_slot(lane.name)
         )
@@ -306,11 +316,34 @@ class Scheduler:
         if self._starts_now(lane):
             return 0.0
         place = self._place_in_line(lane, tenant, weight, cost)
-        if lane.wait_per_place.learned:
-            return place * lane.wait_per_place.value
-        if lane.hold_ewma_s is None:
+        hold = lane.hold_ewma_s
+        if not lane.wait_per_place.learned:
+            return None if hold is None else place * hold / lane.slot_limit
+        measured = place * lane.wait_per_place.value
+        yielding = self._yielding_slots(lane)
+        if hold is None or yielding is None:
+            return measured
+        # A lane below is giving its slots back (it is shed, or over what this lane's
+        # headroom leaves it): the wait is the one this lane's requests alone make,
+        # on the slots it will have, not the line as the lower lane's slots make it now.
+        return min(measured, place * hold / yielding)
+
+    def _yielding_slots(self, lane: LaneState) -> int | None:
+        """The slots `lane` will have once the lanes below it that are giving slots back
+        are down to their floors (None: none of them is)."""
+        now = self._now()
+        lower = lane.lower
+        if not lower or not any(
+            other.in_flight > self._floor(other, [lane])
+            and (
+                self.pressing_lane(other.name) is not None
+                or other.in_flight > self._limit(other, now)
+            )
+            for other in lower
+        ):
             return None
-        return place * lane.hold_ewma_s / lane.slot_limit
+        floors = sum(self._floor(other, [lane]) for other in lower)
+        return max(1, min(lane.slot_limit, lane.capacity - floors))
 
     def pressing_lane(self, name: str) -> LaneState | None:
         """A higher lane sharing backends with `name` whose recent requests waited (the
@@ -383,6 +416,8 @@ class Scheduler:
         lane = self._by_name[name]
         settings = lane.settings
         now = self._now()
+        lane.arrivals.add(now)
+        self._note_demand(lane, now)
         deadline = self.deadline_for(name, client_deadline_s)
         cost = self.cost.of(prompt_tokens, output_tokens)
         predicted = self.predicted_wait_s(name, tenant, weight, cost)
@@ -410,7 +445,7 @@ class Scheduler:
                 ),
             )
         if (
-            lane.in_flight < lane.slot_limit
+            lane.in_flight < self._limit(lane, now)
             and not lane.held_back
             and not any(other.queue for other in self._lanes)
         ):
@@ -565,11 +600,13 @@ class Scheduler:
         prompt = grant.charged if served_prompt_tokens is None else served_prompt_tokens
         grant.cost = self.cost.of(int(prompt), output_tokens)
         lane.queue.settle(grant.tenant, grant.charged, grant.cost)
-        held = self._now() - grant.granted_at
+        now = self._now()
+        held = now - grant.granted_at
         if lane.hold_ewma_s is None:
             lane.hold_ewma_s = held
         else:
             lane.hold_ewma_s += HOLD_EWMA_ALPHA * (held - lane.hold_ewma_s)
+        self._note_demand(lane, now)
         self._source.give_back(grant.slot)
         self._dispatch(released=lane)
 
@@ -617,11 +654,14 @@ class Scheduler:
     def _grant_one(self, keeping: LaneState | None = None) -> bool:
         """Grant one slot; `keeping`: the lane that just released one (it may keep it)."""
         now = self._now()
-        ready = [
-            lane
-            for lane in self._lanes
-            if lane.queue and lane.in_flight < lane.slot_limit and not lane.held_back
-        ]
+        ready = []
+        for lane in self._lanes:
+            if not lane.queue or lane.held_back or lane.in_flight >= lane.slot_limit:
+                continue
+            if lane.in_flight < self._limit(lane, now) or self._promoted(lane, now):
+                ready.append(lane)
+            else:
+                self._serve_again_in(self._headroom_changes_in(lane, now))
         if not ready:
             return False
         # Work-conserving split: under a waiting higher lane, a lower one gets no new slot;
@@ -658,6 +698,62 @@ class Scheduler:
             )
             return True
         return False
+
+    # -- headroom ----------------------------------------------------------------------
+
+    def _note_demand(self, lane: LaneState, now: float) -> None:
+        """The lane's demand in slots and the headroom it needs, after an arrival or a
+        release (its rate, its hold time or both changed)."""
+        hold = lane.hold_ewma_s
+        lane.demand_slots = 0.0 if hold is None else lane.arrivals.per_s(now) * hold
+        lane.headroom = slots_needed(lane.demand_slots, min(lane.slot_limit, lane.capacity))
+
+    def headroom_figures(self, name: str) -> dict[str, float | int]:
+        """What lane `name`'s headroom is made of, and what it leaves the lanes below
+        (for /debug/backends, metrics and the sizer's warning)."""
+        lane = self._by_name[name]
+        now = self._now()
+        quiet = lane.arrivals.quiet(now)
+        return {
+            "arrivals_per_s": round(lane.arrivals.per_s(now), 3),
+            "hold_s": round(lane.hold_ewma_s or 0.0, 3),
+            "demand_slots": 0.0 if quiet else round(lane.demand_slots, 3),
+            "headroom_slots": 0 if quiet else lane.headroom,
+            "reserved_by_higher": self.reserved_slots(name),
+            "may_hold": self._limit(lane, now),
+            "floors_below": sum(self._floor(other, [lane]) for other in lane.lower),
+        }
+
+    def reserved_slots(self, name: str) -> int:
+        """Slots the active lanes above lane `name` keep for their own demand."""
+        now = self._now()
+        return sum(
+            other.headroom for other in self._by_name[name].higher if not other.arrivals.quiet(now)
+        )
+
+    def _limit(self, lane: LaneState, now: float) -> int:
+        """The slots `lane` may hold now: its slot limit, less the headroom of the active
+        lanes above it, but never below its floor (on one slot: no headroom, strict
+        priority)."""
+        if not lane.higher or lane.capacity < 2:
+            return lane.slot_limit
+        reserved = sum(other.headroom for other in lane.higher if not other.arrivals.quiet(now))
+        if not reserved:
+            return lane.slot_limit
+        floor = self._floor(lane, lane.higher)
+        return min(lane.slot_limit, max(floor, lane.capacity - reserved))
+
+    def _headroom_changes_in(self, lane: LaneState, now: float) -> float:
+        """Seconds until `lane`, held below its slot limit by headroom with a request
+        waiting, should be looked at again without any release: when the lanes above go
+        quiet, or its oldest request is promoted."""
+        moments = [
+            quiet for other in lane.higher if (quiet := other.arrivals.quiet_at()) is not None
+        ]
+        oldest = lane.queue.oldest_enqueued_at()
+        if lane.settings.promote_after_s is not None and oldest is not None:
+            moments.append(oldest + lane.settings.promote_after_s)
+        return max(0.001, min(moments, default=now + 1.0) - now)
 
     @staticmethod
     def _floor(lane: LaneState, pressing: Sequence[LaneState]) -> int:

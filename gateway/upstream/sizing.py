@@ -215,8 +215,35 @@ class BackendSizer:
             elif floor > lane.queue_timeout_s and not lane.fit_timeout_to_engine:
                 self._warn_short_deadline(lane.name, lane.queue_timeout_s, floor)
         self.scheduler.cost.output_weight = self.output_token_weight()
+        for state in self.scheduler.lanes:
+            self._warn_demand_over_capacity(state.name, state.capacity)
         for backend in self.pool.backends:
             self._log_learned(backend)
+
+    def _warn_demand_over_capacity(self, lane: str, capacity: int) -> None:
+        """Say why a lane's requests wait or are refused when its own demand is more than
+        the backends can give it (all their slots, less the floors of the lanes below):
+        no order of the queue helps then, only capacity or less traffic."""
+        figures = self.scheduler.headroom_figures(lane)
+        demand, floors = float(figures["demand_slots"]), int(figures["floors_below"])
+        usable = max(1, capacity - floors)
+        if demand <= usable:
+            self._warned.pop(f"demand:{lane}", None)
+            return
+        if not changed_a_lot(self._warned.get(f"demand:{lane}", 0.0), demand, 1.2):
+            return
+        self._warned[f"demand:{lane}"] = demand
+        self.events.warning(
+            "lane_demand_over_capacity",
+            lane=lane,
+            arrivals_per_s=figures["arrivals_per_s"],
+            hold_s=figures["hold_s"],
+            demand_slots=demand,
+            usable_slots=usable,
+            hint="this lane's own requests need more slots than its backends have beside "
+            "the lower lanes' floors: its requests wait or are refused whatever the order; "
+            "add backends or slots, or lower its traffic",
+        )
 
     def output_token_weight(self) -> float:
         """One output token's cost against a prompt token, for the tenants' fair share:
@@ -313,6 +340,7 @@ class BackendSizer:
                 "engine_floor_s": _rounded(self.floors.get(lane.name)),
                 "slot_limit": lane.slot_limit,
                 "predicted_wait_s": self.scheduler.predicted_wait_s(lane.name),
+                "headroom": self.scheduler.headroom_figures(lane.name),
             }
             for lane in self.scheduler.lanes
         ]

@@ -1,0 +1,88 @@
+"""Headroom for a higher lane: the slots its own demand needs, kept from the lanes below.
+
+The work-conserving split lets a lower lane use every slot while nothing above it
+waits, and takes slots back only as its requests end. A long request holds its
+slot for its whole life (seconds on a GPU, many seconds on a CPU), so a burst of
+short requests arriving while long ones hold most slots queues behind them for
+seconds: the slots come back too late. So while a higher lane is active, the lanes
+below it may hold only the slots its demand leaves:
+
+- its demand is its recent arrival rate times how long its requests hold a slot
+  (both measured), in slots: the Erlangs of queueing theory;
+- the slots it needs are the fewest with which an arrival would find all of them
+  busy at most `WAIT_PROBABILITY` of the time (Erlang C: Poisson arrivals, which a
+  lane's many independent clients are), so a burst finds a free slot;
+- a lane with no arrival for `QUIET_S` needs nothing: the lower lanes may use every
+  slot again.
+
+A lower lane keeps its floor (`min_slots`) whatever the headroom, so nothing below
+starves; the higher lane may still use the lower lanes' unused slots.
+
+Pure arithmetic over timestamps the caller passes in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+#: An arrival finds every slot of its lane's headroom busy at most this often.
+WAIT_PROBABILITY = 0.1
+#: A lane with no arrival for this long is quiet: it needs no headroom.
+QUIET_S = 10.0
+#: Recent arrivals per lane from which its rate is measured...
+ARRIVAL_SAMPLES = 32
+#: ... once there are this many (two arrivals in a row say little about a rate).
+MIN_ARRIVALS = 4
+
+
+def erlang_c(servers: int, load: float) -> float:
+    """The chance that an arrival waits, with `servers` slots offered `load` Erlangs."""
+    if load <= 0:
+        return 0.0
+    if servers <= load:
+        return 1.0
+    blocked = 1.0  # Erlang B, by its recursion over the number of servers
+    for k in range(1, servers + 1):
+        blocked = load * blocked / (k + load * blocked)
+    return servers * blocked / (servers - load * (1.0 - blocked))
+
+
+def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
+    """The fewest slots (at most `most`) with which `load` Erlangs wait at most that often.
+
+    One pass of Erlang B's recursion over the number of slots: O(slots)."""
+    if load <= 0 or most <= 0:
+        return 0
+    blocked = 1.0
+    for slots in range(1, most + 1):
+        blocked = load * blocked / (slots + load * blocked)
+        if slots > load and slots * blocked / (slots - load * (1.0 - blocked)) <= wait_probability:
+            return slots
+    return most
+
+
+class ArrivalRate:
+    """Arrivals per second of a lane, over its recent arrivals; it falls while none come."""
+
+    __slots__ = ("_times",)
+
+    def __init__(self, samples: int = ARRIVAL_SAMPLES) -> None:
+        self._times: deque[float] = deque(maxlen=samples)
+
+    def add(self, now: float) -> None:
+        self._times.append(now)
+
+    def quiet(self, now: float) -> bool:
+        """No arrival for QUIET_S (or none ever)."""
+        return not self._times or now - self._times[-1] > QUIET_S
+
+    def quiet_at(self) -> float | None:
+        """When the lane turns quiet if nothing more arrives (None: no arrival yet)."""
+        return self._times[-1] + QUIET_S if self._times else None
+
+    def per_s(self, now: float) -> float:
+        """0 before MIN_ARRIVALS, and once the lane has been quiet for QUIET_S."""
+        times = self._times
+        if len(times) < MIN_ARRIVALS or now - times[-1] > QUIET_S or now <= times[0]:
+            return 0.0
+        return (len(times) - 1) / (now - times[0])

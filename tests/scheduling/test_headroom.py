@@ -1,0 +1,149 @@
+"""Headroom for a higher lane, sized from its measured demand (pure, an injected clock)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.scheduling.headroom import QUIET_S, ArrivalRate, erlang_c, slots_needed
+from gateway.scheduling.scheduler import Grant, Scheduler
+from tests.scheduling.test_scheduler import Clock, make, settle
+
+
+def test_erlang_c_known_values() -> None:
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)  # M/M/1: an arrival waits rho of the time
+    assert erlang_c(4, 2.1) == pytest.approx(0.199, abs=0.002)
+    assert erlang_c(2, 2.0) == 1.0 and erlang_c(3, 0.0) == 0.0
+
+
+def test_slots_needed_grows_with_the_load_and_is_capped() -> None:
+    assert slots_needed(0.0, 8) == 0
+    assert slots_needed(0.05, 8) == 1
+    needed = [slots_needed(load, 64) for load in (0.5, 1.0, 2.0, 4.0, 8.0)]
+    assert needed == sorted(needed) and needed[0] < needed[-1]
+    assert erlang_c(slots_needed(4.0, 64), 4.0) <= 0.1 < erlang_c(slots_needed(4.0, 64) - 1, 4.0)
+    assert slots_needed(20.0, 8) == 8
+
+
+def test_an_arrival_rate_falls_while_nothing_arrives_and_is_zero_when_quiet() -> None:
+    rate = ArrivalRate()
+    for second in range(10):
+        rate.add(float(second))
+    assert rate.per_s(9.0) == pytest.approx(1.0)
+    assert rate.per_s(18.0) == pytest.approx(0.5)
+    assert rate.per_s(9.0 + QUIET_S + 0.1) == 0.0 and rate.quiet(9.0 + QUIET_S + 0.1)
+
+
+async def arrive(
+    scheduler: Scheduler, clock: Clock, lane: str, count: int, every_s: float, hold_s: float
+) -> None:
+    """`count` requests of `lane`, one every `every_s`, each holding its slot `hold_s`
+    (overlapping, on a backend with room for them all)."""
+    running: list[tuple[float, Grant]] = []
+    for _ in range(count):
+        running.append((clock.now + hold_s, await scheduler.acquire(lane)))
+        clock.advance(every_s)
+        for ends, grant in [r for r in running if r[0] <= clock.now]:
+            scheduler.release(grant)
+            running.remove((ends, grant))
+    for ends, grant in running:
+        clock.now = max(clock.now, ends)
+        scheduler.release(grant)
+
+
+async def test_headroom_follows_the_higher_lanes_arrival_rate() -> None:
+    clock = Clock()
+    scheduler, _ = make(8, clock=clock)
+    interactive = scheduler.lane("interactive")
+    await arrive(scheduler, clock, "interactive", 10, every_s=1.0, hold_s=1.0)  # 1 Erlang
+    low = interactive.headroom
+    await arrive(scheduler, clock, "interactive", 32, every_s=0.25, hold_s=1.0)  # 4 Erlangs
+    high = interactive.headroom
+    assert 1 <= low < high <= 8
+    assert interactive.demand_slots == pytest.approx(4.0, rel=0.15)
+    assert scheduler.reserved_slots("bulk") == high
+    # The lower lane may hold what the headroom leaves, and no more.
+    bulk = [await scheduler.acquire("bulk") for _ in range(8 - high)]
+    extra = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    assert not extra.done()
+    scheduler.release(bulk.pop())
+    await settle()
+    assert extra.done()  # it took the slot a bulk request gave back, not the headroom
+    for grant in [*bulk, extra.result()]:
+        scheduler.release(grant)
+
+
+async def test_a_quiet_higher_lane_keeps_no_headroom_and_the_waiter_is_served() -> None:
+    clock = Clock()
+    scheduler, source = make(4, clock=clock)
+    await arrive(scheduler, clock, "interactive", 20, every_s=0.3, hold_s=1.0)
+    assert scheduler.reserved_slots("bulk") == 4  # ~3 Erlangs: all four slots
+    bulk = [await scheduler.acquire("bulk")]  # its floor, whatever the headroom
+    waiting = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    assert not waiting.done() and source.free > 0  # a free slot, kept for interactive
+    clock.advance(QUIET_S + 1)  # interactive goes quiet: the headroom is gone
+    assert scheduler.reserved_slots("bulk") == 0
+    # The scheduler's own timer looks again when the higher lane turns quiet, on the
+    # loop's time; with the clock moved by hand, look now.
+    scheduler.notify_capacity()
+    grant = await asyncio.wait_for(waiting, 1)
+    for held in [*bulk, grant]:
+        scheduler.release(held)
+
+
+async def test_headroom_never_takes_the_lower_lanes_floor_on_two_or_more_slots() -> None:
+    for slots in (2, 3, 8):
+        clock = Clock()
+        # Room for all of interactive's 20 Erlangs; bulk's backends have `slots`.
+        scheduler, _ = make(
+            64, bulk={"min_slots": 1}, limits={"interactive": 64, "bulk": slots}, clock=clock
+        )
+        await arrive(scheduler, clock, "interactive", 32, every_s=0.05, hold_s=1.0)
+        assert scheduler.reserved_slots("bulk") >= slots
+        grant = await asyncio.wait_for(scheduler.acquire("bulk"), 1)  # its floor of one
+        second = asyncio.create_task(scheduler.acquire("bulk"))
+        await settle()
+        assert not second.done()
+        scheduler.release(grant)
+        scheduler.release(await asyncio.wait_for(second, 1))
+
+
+async def test_on_one_slot_there_is_no_headroom_only_priority() -> None:
+    clock = Clock()
+    scheduler, _ = make(1, clock=clock)
+    await arrive(scheduler, clock, "interactive", 20, every_s=0.5, hold_s=0.4)
+    scheduler.release(await asyncio.wait_for(scheduler.acquire("bulk"), 1))
+
+
+async def test_while_the_lower_lane_yields_a_short_is_predicted_on_the_slots_it_will_have() -> None:
+    """Shed the right lane first: longs hold three of four slots and are being shed; the
+    measured wait per place says a short waits long, but once the longs are down to their
+    floor the shorts have three slots: that is the wait predicted, so it is admitted."""
+    clock = Clock()
+    scheduler, _ = make(4, interactive={"queue_timeout_s": 5}, bulk={"min_slots": 1}, clock=clock)
+    longs = [await scheduler.acquire("bulk") for _ in range(3)]
+    held = await scheduler.acquire("interactive")
+    interactive = scheduler.lane("interactive")
+    interactive.hold_ewma_s = 1.0
+    for _ in range(10):
+        interactive.wait_per_place.add(3.0)  # measured while the longs held the slots
+        interactive.recent_waits.append(4.0)  # over half its deadline: bulk is shed
+    queued = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(2)]
+    await settle()
+    assert scheduler.pressing_lane("bulk") is interactive
+    # Three places at 3 s measured would be 9 s (refused); on 3 slots at 1 s: 1 s.
+    assert scheduler.predicted_wait_s("interactive") == pytest.approx(1.0)
+    with pytest.raises(Exception) as shed:
+        await scheduler.acquire("bulk")
+    assert getattr(shed.value, "code", None) == "wait_too_long"
+    for grant in longs[1:]:  # the longs end; only the floor's one remains
+        scheduler.release(grant)
+    await settle()
+    assert all(task.done() for task in queued)
+    # Nothing is yielding any more: the measured figure applies again.
+    assert scheduler.predicted_wait_s("interactive") == pytest.approx(3.0)
+    for grant in [longs[0], held, *(task.result() for task in queued)]:
+        scheduler.release(grant)
