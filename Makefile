@@ -77,6 +77,11 @@ bench-loop-lag: $(STAMP)
 bench-shadow: $(STAMP)
 	$(PY) scripts/bench_shadow.py $(ARGS)
 
+.PHONY: bench-fairness
+## bench-fairness: three API keys on a simulator, first come vs fair share: a flood, weights 2:1, a tenant back from idle, ~12 min (ARGS=--quick ~6)
+bench-fairness: $(STAMP)
+	$(PY) scripts/bench_fairness.py $(ARGS)
+
 .PHONY: bench-cache
 ## bench-cache: multi-turn chat and agents on 4 simulators, least-load vs cache-aware routing, ~10 min (--quick ~5)
 bench-cache: $(STAMP)

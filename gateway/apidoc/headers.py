@@ -117,6 +117,21 @@ def _merged(
     return rows
 
 
+def _tenant_header(settings: Settings) -> list[tuple[str, str]]:
+    """The header naming a request's tenant, when this gateway reads one."""
+    if settings.api_keys or settings.tenants.source != "header":
+        return []
+    return [
+        (
+            settings.tenants.header,
+            "Names whose request this is (your team, your product): each lane's queue is "
+            "shared fairly between the names waiting in it, by the tokens each was served, "
+            "so another client's flood does not decide your wait. Without it the request "
+            "shares the one tenant `default`.",
+        )
+    ]
+
+
 def headers_section(settings: Settings, document: dict[str, Any]) -> list[str]:
     """The headers the gateway reads and writes, with what a caller does with each."""
     operation = document["paths"]["/v1/chat/completions"]["post"]
@@ -127,7 +142,7 @@ def headers_section(settings: Settings, document: dict[str, Any]) -> list[str]:
     here = "required" if settings.api_keys else "not needed (no keys are configured)"
     requests = _merged(
         [("Authorization", f"`Bearer <key>`. {bearer} Here: {here}."), *documented_requests],
-        EXTRA_REQUEST_HEADERS,
+        [*EXTRA_REQUEST_HEADERS, *_tenant_header(settings)],
     )
     responses = _merged(
         [

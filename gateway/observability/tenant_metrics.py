@@ -18,6 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.observability.record import RequestRecord
+from gateway.scheduling.scheduler import DEFAULT_TENANT
 
 if TYPE_CHECKING:
     from gateway.scheduling.scheduler import Scheduler
@@ -109,8 +110,10 @@ class _TenantQueues(Collector):
             labels=["tenant", "lane"],
         )
         for lane in self.scheduler.lanes:
-            queued: dict[str, int] = {}
-            in_flight: dict[str, int] = {}
+            # The shared tenant always has a series (0 when idle), so the dashboard's
+            # panels have one to show before any tenant waits.
+            queued: dict[str, int] = {DEFAULT_TENANT: 0}
+            in_flight: dict[str, int] = {DEFAULT_TENANT: 0}
             for share in lane.queue.tenants():
                 label = self.label(share.name or None)
                 queued[label] = queued.get(label, 0) + len(share.queue)

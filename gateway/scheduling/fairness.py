@@ -213,6 +213,14 @@ class FairQueue(Generic[W]):
         )
         self._forget_if_idle(share)
 
+    def refund(self, tenant: str, charged: float) -> None:
+        """A request of `tenant` gave back the slot it was charged `charged` for unused
+        (it waits again, and is charged again when dispatched)."""
+        share = self._tenants.get(self.key(tenant))
+        if share is not None:
+            share.counter -= charged / share.weight
+            share.in_flight -= 1
+
     def order(self, limit: int) -> Iterator[W]:
         """The first `limit` requests in the order they will be served, as things stand
         (each tenant's counter moved on by the prompts of its requests before)."""

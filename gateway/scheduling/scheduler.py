@@ -521,7 +521,7 @@ class Scheduler:
         lane = self._by_name[grant.lane]
         grant.released = True
         lane.in_flight -= 1
-        lane.queue.settle(grant.tenant, grant.charged, 0.0)  # charged again when dispatched
+        lane.queue.refund(grant.tenant, grant.charged)
         self._source.give_back(grant.slot)
         enqueued_at = grant.granted_at - grant.queued_s
         left = deadline_s - (self._now() - enqueued_at)
