@@ -60,6 +60,10 @@ async def debug_backends(request: web.Request) -> web.Response:
         {
             "backends": backends,
             "lanes": state.sizer.describe_lanes(),
+            "fair_share": {
+                "enabled": state.settings.tenants.fair_share,
+                "output_token_weight": round(state.scheduler.cost.output_weight, 3),
+            },
             "limits": {
                 "max_prompt_tokens": limits.max_prompt_tokens,
                 "context_window": limits.context_window,

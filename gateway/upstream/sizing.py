@@ -31,7 +31,7 @@ from gateway.config import LimitsSettings, Settings, slot_limit
 from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_weight
 from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
 from gateway.scheduling.learning import changed_a_lot
-from gateway.scheduling.scheduler import Scheduler
+from gateway.scheduling.scheduler import LaneState, Scheduler
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.probe import measure_prefill
 from gateway.upstream.telemetry import BackendFacts, EngineLoad, fetch_load, probe_facts
@@ -341,9 +341,30 @@ class BackendSizer:
                 "slot_limit": lane.slot_limit,
                 "predicted_wait_s": self.scheduler.predicted_wait_s(lane.name),
                 "headroom": self.scheduler.headroom_figures(lane.name),
+                "tenants": _tenant_shares(lane),
             }
             for lane in self.scheduler.lanes
         ]
+
+
+#: Tenants listed per lane in /debug/backends (those waiting or running first).
+DESCRIBED_TENANTS = 20
+
+
+def _tenant_shares(lane: LaneState) -> list[dict[str, Any]]:
+    """The lane's fair share as it stands: each tenant's counter (weighted tokens served),
+    weight, queued and running requests; the busiest first."""
+    shares = sorted(lane.queue.tenants(), key=lambda s: (-(len(s.queue) + s.in_flight), s.counter))
+    return [
+        {
+            "tenant": share.name or "(all: fair_share off)",
+            "weight": share.weight,
+            "served_tokens_per_weight": round(share.counter, 1),
+            "queued": len(share.queue),
+            "in_flight": share.in_flight,
+        }
+        for share in shares[:DESCRIBED_TENANTS]
+    ]
 
 
 def _rounded(value: float | None) -> float | None:

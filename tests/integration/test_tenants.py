@@ -95,6 +95,11 @@ async def test_without_keys_a_header_names_the_tenant(
     async with http.get(gateway.url + "/metrics") as resp:
         text = await resp.text()
     assert 'tenant="team-a"' in text and 'tenant="other"' in text and "x" * 300 not in text
+    async with http.get(gateway.url + "/debug/backends") as resp:
+        seen = await resp.json()
+    assert seen["fair_share"]["enabled"] is True and seen["fair_share"]["output_token_weight"] > 0
+    interactive = next(lane for lane in seen["lanes"] if lane["lane"] == "interactive")
+    assert isinstance(interactive["tenants"], list) and "headroom" in interactive
 
 
 async def test_on_one_slot_a_short_request_goes_before_queued_long_ones(
