@@ -9,6 +9,10 @@ release against the flood's whole backlog) is seconds against a fraction of one.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -40,8 +44,23 @@ async def streamed(
         return resp.status
 
 
+async def analyze(log: Path, *flags: str) -> str:
+    """`python -m gateway analyze LOG ...` as a process: its standard output."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "gateway", "analyze", str(log), *flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
 async def test_a_flooding_key_does_not_refuse_or_delay_a_light_key(
-    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+    start_simulator_at: StartSimulator,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
 ) -> None:
     # 4 slots, ~1 s a request (32 tokens at ~30 ms a step).
     backend = await start_simulator_at(max_batch=4, step_base_ms=30.0)
@@ -79,6 +98,15 @@ async def test_a_flooding_key_does_not_refuse_or_delay_a_light_key(
     assert 'gateway_tenant_requests_total{lane="interactive",outcome="ok",tenant="light"} 5.0' in (
         text
     )
+    # The analyzer reads the recorded log: a row per tenant, and the fair share judged.
+    log = tmp_path / "gateway.log"
+    log.write_text(gateway.log.getvalue())
+    tenants = json.loads(await analyze(log, "--json", "-"))["tenants"]
+    assert tenants["count"] == 2
+    assert tenants["table"]["light"]["requests"] == 5 and tenants["table"]["light"]["served"] == 5
+    assert tenants["table"]["flood"]["requests"] == len(flood)
+    report = await analyze(log)
+    assert "TENANTS: 2" in report and "light" in report
 
 
 async def test_without_keys_a_header_names_the_tenant(
