@@ -189,3 +189,64 @@ def unfair_log() -> list[dict[str, Any]]:
     a = [0.5 + i for i in range(11)]
     b = [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
     return backlogged_pair(("a", 2.0, a, 300.0), ("b", 1.0, b, 100.0))
+
+
+# ----------------------------------------------------------------------------- engine split
+
+
+def engine_run(
+    arrivals: list[float],
+    *,
+    gateway_slots: int,
+    engine_slots: int,
+    prefill_s: float,
+    decode_s: float,
+    backend: str = "b0",
+    lane: str = "interactive",
+    stream: bool = True,
+    source: str | None = "engine",
+) -> list[dict[str, Any]]:
+    """The log of a gateway with `gateway_slots` in front of an engine that batches `engine_slots`.
+
+    Both serve first come first served; each request then prefills for `prefill_s`
+    and decodes for `decode_s`. What the gateway sends beyond what the engine
+    batches waits in the engine's queue: `engine_queue_ms`. Times are seconds after
+    ORIGIN_S; admission takes 0.5 ms, as in `rec`.
+    """
+    admission = 0.0005
+    gateway_free = [0.0] * gateway_slots  # when each gateway slot is next free
+    engine_free = [0.0] * engine_slots
+    lines = []
+    for arrive in sorted(arrivals):
+        enqueued = arrive + admission
+        slot = min(range(gateway_slots), key=gateway_free.__getitem__)
+        dispatch = max(enqueued, gateway_free[slot])
+        seat = min(range(engine_slots), key=engine_free.__getitem__)
+        start = max(dispatch, engine_free[seat])
+        first_token = start + prefill_s
+        end = first_token + decode_s
+        gateway_free[slot] = engine_free[seat] = end
+        line = rec(
+            lane,
+            queue=round((dispatch - enqueued) * 1000, 3),
+            backend=round((first_token - dispatch) * 1000, 3),
+            stream=stream,
+            e2e=round((end - arrive) * 1000, 3),
+            end=_stamp(end),
+        )
+        line.update(
+            backend=backend,
+            engine_queue_ms=round((start - dispatch) * 1000, 3),
+            prefill_ms=round(prefill_s * 1000, 3),
+            decode_ms=round(decode_s * 1000, 3),
+            timing_source=source,
+        )
+        if not stream:  # the first token is not seen, only the end
+            line.update(ttft_ms=None, backend_ttft_ms=None, tpot_ms=None)
+        lines.append(line)
+    return lines
+
+
+def bursts(count: int, size: int, *, every_s: float, spacing_s: float) -> list[float]:
+    """`count` bursts of `size` arrivals `spacing_s` apart, a burst every `every_s` seconds."""
+    return [b * every_s + i * spacing_s for b in range(count) for i in range(size)]
