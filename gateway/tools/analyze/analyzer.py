@@ -43,6 +43,7 @@ from gateway.tools.analyze.fields import (
     rounded,
     was_served,
 )
+from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S, retry_analysis
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S, tenant_analysis
 from gateway.tools.stats import percentile, summarize
 
@@ -347,11 +348,15 @@ def analyze(
     skipped: int = 0,
     tail_fraction: float = TAIL_FRACTION,
     fairness_window_s: float = FAIRNESS_WINDOW_S,
+    storm_window_s: float = STORM_WINDOW_S,
+    storm_share: float = STORM_SHARE,
 ) -> dict[str, Any]:
     """Every number the text, JSON and HTML reports show, as one JSON-ready dict.
 
     `fairness_window_s` is the width of the windows the tenants' fair share is
-    judged in (`tenants.tenant_analysis`).
+    judged in (`tenants.tenant_analysis`); `storm_window_s` and `storm_share` the
+    windows retries are counted in and the share of retries that makes one a
+    storm (`retries.retry_analysis`).
     """
     by_lane: dict[str, list[Record]] = defaultdict(list)
     for record in records:
@@ -368,6 +373,7 @@ def analyze(
         "engine_split": split,
         "lanes": {lane: _lane(by_lane[lane], tail_fraction, slots, split) for lane in order},
         "tenants": tenant_analysis(records, window_s=fairness_window_s),
+        "retries": retry_analysis(records, window_s=storm_window_s, threshold=storm_share),
     }
     predictor = predictor_accuracy(records, lanes=order)
     if predictor is not None:  # a log from before the gateway predicted keeps its old shape
