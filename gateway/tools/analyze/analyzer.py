@@ -24,8 +24,8 @@ from typing import Any
 
 from gateway.tools.analyze.engine import (
     PARTS,
-    band_splits,
     backend_slots,
+    band_splits,
     engine_parts,
     four_part_verdict,
     has_engine_fields,

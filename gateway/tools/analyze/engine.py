@@ -143,7 +143,12 @@ def band_splits(ranked: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         band = ordered[start:stop]
         if not band:
             continue
-        row: dict[str, Any] = {"band": label, "from_pct": low, "to_pct": high, "requests": len(band)}
+        row: dict[str, Any] = {
+            "band": label,
+            "from_pct": low,
+            "to_pct": high,
+            "requests": len(band),
+        }
         row["mean_total_ms"] = rounded(sum(b["total_ms"] for b in band) / len(band))
         for part in PARTS:
             row[part] = rounded(sum(b[part] for b in band) / len(band))
@@ -201,7 +206,9 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         }
     judged = {c: row for c, row in table.items() if row["with_engine_queue_ms"] >= SLOT_MIN_SAMPLES}
     queueing = [
-        c for c, row in judged.items() if row["queued"] > SLOT_QUEUED_SHARE * row["with_engine_queue_ms"]
+        c
+        for c, row in judged.items()
+        if row["queued"] > SLOT_QUEUED_SHARE * row["with_engine_queue_ms"]
     ]
     first_queued = min(queueing) if queueing else None
     free = [c for c in judged if first_queued is not None and c < first_queued]

@@ -41,7 +41,15 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.tools.analyze.fields import Record, arrival_s, end_s, iso_utc, number, outcome_of, rounded
+from gateway.tools.analyze.fields import (
+    Record,
+    arrival_s,
+    end_s,
+    iso_utc,
+    number,
+    outcome_of,
+    rounded,
+)
 from gateway.tools.stats import percentile
 
 #: The log fields of a retry; a log with none of them predates retry detection.
@@ -123,7 +131,9 @@ def retry_analysis(
     queue_retries = sum(number(records[i], "queue_ms") or 0.0 for i in retries)
     refusals = sum(is_refusal(r) for r in records)
     refusals_retries = sum(is_refusal(records[i]) for i in retries)
-    faster = {name: row["faster_than_told"] for name, row in clients.items() if row["faster_than_told"]}
+    faster = {
+        name: row["faster_than_told"] for name, row in clients.items() if row["faster_than_told"]
+    }
     kind = "storm" if storms else "retries" if retries else "none"
     return {
         "tagged": True,

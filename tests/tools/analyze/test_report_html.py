@@ -24,8 +24,10 @@ def test_html_without_matplotlib_says_how_to_install(
     log = write_log(tmp_path / "gw.log", [rec()])
     code, _, err = run_cli([str(log), "--html", str(tmp_path / "r.html")], capsys)
     assert code == 2
+    # The package is on no index, so `pip install 'llm-tail-gateway[report]'` cannot work.
     assert err.strip().splitlines() == [
-        "analyze: --html needs matplotlib: pip install 'llm-tail-gateway[report]'"
+        "analyze: --html needs matplotlib: make install-report "
+        "(in a clone; or: .venv/bin/pip install -e '.[report]')"
     ]
     assert not (tmp_path / "r.html").exists()
 
