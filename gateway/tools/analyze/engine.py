@@ -193,7 +193,7 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         # Sent before or with it, and not ended before it was sent: itself included.
         in_flight = bisect.bisect_right(starts, start) - bisect.bisect_left(stops, start)
         by_count[max(1, in_flight)].append(record)
-    table = {}
+    table: dict[int, dict[str, Any]] = {}
     for count in sorted(by_count):
         known = [r for r in by_count[count] if queued_in_engine(r) is not None]
         queued = sum(bool(queued_in_engine(r)) for r in known)
