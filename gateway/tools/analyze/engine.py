@@ -63,6 +63,10 @@ PART_TEXT = {
 #: of its prefill, whichever is more: an engine's bookkeeping between steps is not a queue.
 NO_QUEUE_MS = 20.0
 NO_QUEUE_SHARE = 0.1
+#: Ends this close to a dispatch count as before it: the gateway frees a slot, then
+#: gives it to the next request; the two moments, derived from two lines' timestamps
+#: (µs) and durations (µs), may tie or cross by a rounding.
+HANDOVER_S = 1e-5
 #: An in-flight count is judged once this many requests were sent at it ...
 SLOT_MIN_SAMPLES = 3
 #: ... and counts as queueing when more than this share of them queued in the engine.
@@ -150,7 +154,7 @@ def band_splits(ranked: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "requests": len(band),
         }
         row["mean_total_ms"] = rounded(sum(b["total_ms"] for b in band) / len(band))
-        for part in PARTS:
+        for part in (*PARTS, "backend_ms"):
             row[part] = rounded(sum(b[part] for b in band) / len(band))
         out.append(row)
     return out
@@ -190,8 +194,11 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
     stops = sorted(stop for _, stop, _ in spans)
     by_count: dict[int, list[Record]] = defaultdict(list)
     for start, _, record in spans:
-        # Sent before or with it, and not ended before it was sent: itself included.
-        in_flight = bisect.bisect_right(starts, start) - bisect.bisect_left(stops, start)
+        # Sent before or with it and not ended by then, itself included. A request that
+        # ended as this one was sent (to the µs the log keeps) handed its slot over.
+        in_flight = bisect.bisect_right(starts, start) - bisect.bisect_right(
+            stops, start + HANDOVER_S
+        )
         by_count[max(1, in_flight)].append(record)
     table: dict[int, dict[str, Any]] = {}
     for count in sorted(by_count):

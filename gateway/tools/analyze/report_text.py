@@ -472,15 +472,15 @@ def retry_lines(retries: dict[str, Any]) -> list[str]:
         f"  {'client':<24}{'requests':>9}{'retries':>8}{'share':>7}{'told':>6}{'faster':>7}"
         f"{'median gap':>11}{'chain':>6}{'refused':>8}"
     )
-    listed = [(n, row) for n, row in clients.items() if row["retries"]][:RETRY_CLIENTS_LISTED]
-    for name, row in listed:
+    rows = [(n, row) for n, row in clients.items() if row["retries"]][:RETRY_CLIENTS_LISTED]
+    for name, row in rows:
         out.append(
             f"  {name[:23]:<24}{row['requests']:>9}{row['retries']:>8}"
             f"{fmt_share(row['share']):>7}{row['told']:>6}{row['faster_than_told']:>7}"
             f"{_ms_or_dash(row['median_gap_ms']):>11}{row['longest_chain']:>6}"
             f"{row['refused']:>8}"
         )
-    rest = sum(1 for row in clients.values() if row["retries"]) - len(listed)
+    rest = sum(1 for row in clients.values() if row["retries"]) - len(rows)
     if rest > 0:
         out.append(f"  ... and {rest} more client(s) that retried (all of them in --json)")
     out += textwrap.wrap(
