@@ -771,7 +771,9 @@ def _retry_panel(retries: dict[str, Any], svg: str) -> str:
         f"{fmt_share(queue['share'])} of the queue wait ({fmt_ms(queue['retries'])} of "
         f"{fmt_ms(queue['total'])} ms) and {fmt_share(refusals['share'])} of the refusals "
         f"({refusals['retries']} of {refusals['total']}); the requests retried had got: "
-        f"{e(retried)}; {retries['over_max_retries']} went beyond the seed's two retries.</p>"
+        f"{e(retried)}; {retries['over_max_retries']} went beyond the seed's two retries; "
+        f"{retries.get('damped', 0)} were refused at once by the gateway for coming before "
+        "their Retry-After.</p>"
     )
     body = "".join(
         f"<tr><td>{e(name)}</td><td>{row['requests']}</td><td>{row['retries']}</td>"

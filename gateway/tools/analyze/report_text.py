@@ -463,6 +463,11 @@ def retry_lines(retries: dict[str, Any]) -> list[str]:
             f"  faster than told: none of the {retries['judged_against_retry_after']} retries "
             "of a refusal with a Retry-After"
         )
+    if retries.get("damped"):
+        out.append(
+            f"  damped by the gateway (refused at once, before their Retry-After): "
+            f"{retries['damped']}"
+        )
     if retries["over_max_retries"]:
         out.append(
             f"  beyond the seed's {MAX_RETRIES} retries of one request: "

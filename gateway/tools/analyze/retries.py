@@ -26,6 +26,8 @@ The definitions (the reports print them):
   is not in the log (rotated out) is not judged.
 - **Chain**: a retry of a retry is the second retry of one request; a chain
   longer than the seed's two retries is counted per client.
+- **Damped**: retries the gateway itself refused at once for coming before their
+  Retry-After (`retry_damped`): they never took a place in the queue.
 - **Cost**: the retries' share of all `queue_ms` (the queue they held, which
   new requests waited behind) and of the gateway's refusals (`rejected_*`
   outcomes).
@@ -151,6 +153,8 @@ def retry_analysis(
         "faster_than_told": sum(faster.values()),
         "clients_faster_than_told": dict(sorted(faster.items(), key=lambda kv: (-kv[1], kv[0]))),
         "over_max_retries": sum(d > MAX_RETRIES for d in depth.values()),
+        # Refused at once by the gateway's damping, for coming before their Retry-After.
+        "damped": sum(records[i].get("retry_damped") is True for i in retries),
         "queue_ms": {
             "total": rounded(queue_all),
             "retries": rounded(queue_retries),

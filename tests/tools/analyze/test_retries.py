@@ -56,6 +56,19 @@ def test_the_storm_its_clients_and_what_it_cost() -> None:
     assert retries["queue_ms"] == {"total": 4061.0, "retries": 4001.0, "share": 0.9852}
     assert retries["refusals"] == {"total": 31, "retries": 20, "share": 0.6452}
     assert retries["retried_outcomes"] == {"wait_too_long": 31}
+    assert retries["damped"] == 0
+
+
+def test_damped_retries_are_counted() -> None:
+    lines = storm_log()
+    for line in lines:
+        if line["client"] == "rush" and line["retry_of"] and line["status"] == 429:
+            line["retry_damped"] = True
+    retries = analyze(lines)["retries"]
+    assert retries["damped"] == 20
+    assert "damped by the gateway (refused at once, before their Retry-After): 20" in (
+        format_report(analyze(lines))
+    )
 
 
 def test_the_storm_is_a_verdict_in_the_text_report() -> None:
