@@ -121,6 +121,29 @@ def _wrapped(text: str, indent: str = "    ", more: str = "      ") -> list[str]
     return textwrap.wrap(text, width=98, initial_indent=indent, subsequent_indent=more)
 
 
+def slot_lines(backends: dict[str, Any]) -> list[str]:
+    """ENGINE SLOTS: per backend, who queued in the engine by how many were in flight."""
+    out = [
+        "ENGINE SLOTS per backend: requests in flight when one was sent: queued in the "
+        "engine / sent"
+    ]
+    if not backends:
+        out.append("  no request was sent to a backend")
+    for name, data in backends.items():
+        counts = ", ".join(
+            f"{n}: {row['queued']}/{row['requests']}" for n, row in data["by_in_flight"].items()
+        )
+        if data["advised_max_concurrency"] is not None:
+            said = (
+                f"→ it batches {data['advised_max_concurrency']}: max_concurrency "
+                f"{data['advised_max_concurrency']} (queued from {data['first_queued_in_flight']})"
+            )
+        else:
+            said = f"→ no figure: {data['note']}"
+        out += _wrapped(f"{name[:40]}: {counts} {said}", indent="  ", more="    ")
+    return out
+
+
 BAND_HEADERS = ("total", "gw queue", "eng queue", "prefill", "decode", "other", "gateway")
 
 
@@ -174,6 +197,7 @@ def format_report(analysis: dict[str, Any]) -> str:
         out += ["  " + line for line in _wrapped(f"retries: {retries['verdict_text']}", "")]
     if analysis.get("engine_split"):
         out += ["", *band_lines(lanes)]
+        out += ["", *slot_lines(analysis.get("backends") or {})]
 
     out += ["", "LATENCY (ms) per lane and outcome; n = requests with a value"]
     out.append(
