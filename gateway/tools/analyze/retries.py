@@ -174,6 +174,11 @@ def retry_analysis(
     }
 
 
+#: How far past a retry's arrival the line it retried may seem to end: a line's
+#: timestamp is taken as it is written, a moment after the request's end.
+JOIN_SLACK_S = 1e-3
+
+
 def _earlier(records: Sequence[Record], retries: list[int]) -> dict[int, int | None]:
     """For each retry, the line it retried: the latest of that id that ended before it arrived."""
     ends_by_id: dict[str, list[tuple[float, int]]] = defaultdict(list)
@@ -181,17 +186,18 @@ def _earlier(records: Sequence[Record], retries: list[int]) -> dict[int, int | N
         rid, end = record.get("request_id"), end_s(record)
         if isinstance(rid, str) and end is not None:
             ends_by_id[rid].append((end, i))
-    for ends in ends_by_id.values():
-        ends.sort()
+    index: dict[str, tuple[list[tuple[float, int]], list[float]]] = {}
+    for rid, pairs in ends_by_id.items():
+        pairs.sort()
+        index[rid] = (pairs, [end for end, _ in pairs])
     out: dict[int, int | None] = {}
     for i in retries:
-        candidates = [c for c in ends_by_id.get(records[i]["retry_of"], []) if c[1] != i]
+        pairs, ends = index.get(records[i]["retry_of"], ([], []))
         at = arrival_s(records[i])
-        if at is not None:
-            # A µs of slack: the two moments come from two clocks' roundings.
-            cut = bisect.bisect_right([end for end, _ in candidates], at + 1e-3)
-            candidates = candidates[:cut]
-        out[i] = candidates[-1][1] if candidates else None
+        k = len(pairs) if at is None else bisect.bisect_right(ends, at + JOIN_SLACK_S)
+        while k > 0 and pairs[k - 1][1] == i:  # a reused id: never the retry itself
+            k -= 1
+        out[i] = pairs[k - 1][1] if k else None
     return out
 
 
