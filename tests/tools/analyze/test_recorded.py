@@ -12,6 +12,11 @@ simulator's llama.cpp-style `timings`):
 waited mostly in the engine, and the in-flight counts at dispatch say 2.
 `batch2_slots2.log.gz`: the same load with the advised 2: the engine's queue is
 gone and the wait is in the gateway's queue, where lanes and deadlines apply.
+
+`retry_storm_undamped.log.gz`: the retry storm benchmark of #27 with damping off
+(`[retries] damp = false`): a simulator behind 8 slots at 120% load, 30% of the
+clients retrying every refusal at once, reusing their `x-request-id` (the gateway
+marks those as retries of the line with the same id).
 """
 
 from __future__ import annotations
@@ -62,3 +67,15 @@ def test_the_advised_value_moves_the_wait_into_the_gateway() -> None:
     assert tail["parts"]["queue_ms"]["share"] > 0.9
     backend = analysis["backends"]["sim"]
     assert backend["max_in_flight"] == 2 and backend["first_queued_in_flight"] is None
+
+
+def test_a_recorded_retry_storm_is_found_with_its_cost() -> None:
+    retries = _analysis("retry_storm_undamped.log.gz")["retries"]
+    assert (retries["requests"], retries["retries"]) == (709, 420)
+    assert retries["verdict"] == "storm" and retries["storm_windows"] == 4
+    # Every retry reused its id and is joined to the line before it, never to itself.
+    assert retries["earlier_found"] == retries["judged_against_retry_after"] == 420
+    assert retries["faster_than_told"] == 379 and retries["damped"] == 0
+    assert retries["refusals"]["share"] > 0.9  # the refusals were mostly of retries
+    assert 0.2 < retries["queue_ms"]["share"] < 0.35
+    assert retries["over_max_retries"] > 300  # far beyond the seed's two retries
