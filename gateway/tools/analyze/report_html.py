@@ -629,6 +629,8 @@ def _page(
         parts.append('<p class="note">No request lines (event == "request") in the input.</p>')
     for title, note, svg in figures:
         parts += [f"<h2>{e(title)}</h2>", f'<p class="note">{e(note)}</p>', svg]
+        if title.startswith("Where the time went") and analysis.get("backends"):
+            parts += ['<h3 id="engine-slots">Engine slots</h3>', _slots_table(analysis["backends"])]
     parts += [
         "<h2>Latency per lane and outcome (ms)</h2>",
         _latency_table(analysis),
@@ -726,6 +728,32 @@ def _advice_html(advice: dict[str, Any]) -> str:
         f"{head}; none queued in the engine at ≤ {advice['advised_max_concurrency']}, queued "
         f"from {advice['first_queued_in_flight']}: max_concurrency = "
         f"{advice['advised_max_concurrency']}."
+    )
+
+
+def _slots_table(backends: dict[str, Any]) -> str:
+    """Per backend: requests queued in the engine / sent, by how many were in flight."""
+    e = html.escape
+    body = ""
+    for name, data in backends.items():
+        counts = ", ".join(
+            f"{n}: {row['queued']}/{row['requests']}" for n, row in data["by_in_flight"].items()
+        )
+        advised = data["advised_max_concurrency"]
+        body += (
+            f"<tr><td>{e(name)}</td><td>{data['requests']}</td><td>{data['max_in_flight']}</td>"
+            f"<td>{data['first_queued_in_flight'] or '-'}</td>"
+            f"<td><b>{advised if advised is not None else '-'}</b></td>"
+            f"<td class=text>{e(counts)}</td><td class=text>{e(data['note'] or '')}</td></tr>"
+        )
+    return (
+        '<table><thead><tr><th class="text">backend</th><th>requests</th>'
+        "<th>most in flight</th><th>queued in the engine from</th>"
+        "<th>advised max_concurrency</th>"
+        '<th class="text">in flight when sent: queued in the engine / sent</th>'
+        '<th class="text">note</th></tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+        f'<p class="note">{e(SLOT_RULE)}.</p>'
     )
 
 

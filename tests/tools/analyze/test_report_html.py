@@ -138,6 +138,12 @@ def test_html_report_shows_the_four_parts_and_the_retry_panel(
     assert '<div class="verdict">engine-queue-bound</div>' in page
     assert "lower max_concurrency (b0: 8 → 4)" in page
     assert "none queued in the engine at ≤ 4, queued from 5: max_concurrency = 4." in page
+    slots = page[page.index('<h3 id="engine-slots">') :]
+    assert (
+        "<tr><td>b0</td><td>160</td><td>8</td><td>5</td><td><b>4</b></td>"
+        "<td class=text>1: 0/20, 2: 0/20, 3: 0/20, 4: 0/20, 5: 20/20, 6: 20/20, 7: 20/20, "
+        "8: 20/20</td>"
+    ) in slots
     assert '<div class="verdict">retry storm</div>' in page
     assert "Faster than told: rush 30." in page
     # the per-percentile bars and the waterfall, with the four parts in their legends
