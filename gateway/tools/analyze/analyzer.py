@@ -4,13 +4,18 @@ It reads back the gateway's own per-request JSON lines (`event == "request"`), s
 an on-call engineer needs nothing but the log to decide between two different
 fixes: scheduling (lanes, slots, fail-fast) when the slowest requests spent their
 time in the gateway's queue, capacity or request size when they spent it in the
-backend. Anything else in the stream (lifecycle events, a simulator's banner,
-broken lines) is skipped and counted, never fatal: logs are messy at 2 a.m.
+backend. Where the log splits the backend's time as the engine saw it (`engine`),
+the backend's side says more: a wait in the engine's own queue (fewer slots for
+that backend: `max_concurrency`), a slow prefill (the model for this prompt size)
+or a long decode (long outputs). Anything else in the stream (lifecycle events, a
+simulator's banner, broken lines) is skipped and counted, never fatal: logs are
+messy at 2 a.m.
 
 Everything here is plain functions over plain dicts so that tests and benchmarks
 can use them without the CLI; what one line says (its fields, its moments) is
-read in `fields`, the tenants' side of the log is `tenants`, and the reports that
-render the result live in `report_text` and `report_html`.
+read in `fields`, the tenants' side of the log is `tenants`, its retries are
+`retries`, and the reports that render the result live in `report_text` and
+`report_html`.
 """
 
 from __future__ import annotations
