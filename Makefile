@@ -36,6 +36,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
+## install-report, install-tracing: an optional extra into .venv (`analyze --html`'s
+## matplotlib; `[tracing] enabled`'s OpenTelemetry SDK). The package is on no index, so
+## `pip install 'llm-tail-gateway[report]'` cannot work; this installs the clone's own.
+.PHONY: install-report install-tracing
+install-report install-tracing: $(PY)
+	$(PY) -m pip install -e '.[$(@:install-%=%)]'
+
 lint: $(STAMP)
 	$(PY) -m ruff check gateway tests scripts
 	$(PY) -m mypy gateway

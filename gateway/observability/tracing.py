@@ -56,6 +56,9 @@ STREAM_SPAN = "gateway.stream"
 
 #: `service.name` when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one.
 DEFAULT_SERVICE_NAME = "llm-tail-gateway"
+#: What to run when the SDK is missing. The package is not on any index, so
+#: `pip install 'llm-tail-gateway[tracing]'` cannot work; in a clone this does.
+TRACING_INSTALL = "make install-tracing (in a clone; or: .venv/bin/pip install -e '.[tracing]')"
 #: Longest the shutdown waits for the last spans to leave (a dead collector must not
 #: hold a SIGTERM'd gateway for the exporter's 30 s default).
 SHUTDOWN_TIMEOUT_S = 5.0
@@ -457,7 +460,7 @@ def build_tracer(
         events.warning(
             "tracing_off",
             reason="[tracing] enabled is set but opentelemetry-sdk is not installed",
-            hint="pip install 'llm-tail-gateway[tracing]'",
+            hint=TRACING_INSTALL,
         )
         return None
     exporters, names = _exporters_from_env(env, events)
@@ -525,7 +528,7 @@ def _exporter(name: str, env: Mapping[str, str], events: Any) -> SpanExporter | 
             exporter=name,
             protocol=protocol,
             missing=missing.name,
-            hint="pip install 'llm-tail-gateway[tracing]' (grpc: opentelemetry-exporter-otlp-proto-grpc)",
+            hint=f"{TRACING_INSTALL}; grpc also needs opentelemetry-exporter-otlp-proto-grpc",
         )
         return None
     events.warning(

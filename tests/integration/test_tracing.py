@@ -329,4 +329,5 @@ async def test_without_the_sdk_the_gateway_warns_and_still_propagates(
     assert status == 0
     warnings = [json.loads(line) for line in stderr.splitlines() if '"tracing_off"' in line]
     assert len(warnings) == 1 and "not installed" in warnings[0]["reason"]
+    assert warnings[0]["hint"].startswith("make install-tracing")
     assert warnings[0]["level"] == "warning"

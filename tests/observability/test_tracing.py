@@ -8,6 +8,7 @@ the headers each backend request arrived with, so the test sees what vLLM would.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from dataclasses import replace as replace_field
@@ -241,6 +242,21 @@ def test_otel_sdk_disabled_turns_it_off_with_a_warning() -> None:
     events = Events()
     assert build_tracer(ON, events, env={"OTEL_SDK_DISABLED": "TRUE"}) is None
     assert events.seen[0][:2] == ("warning", "tracing_off")
+
+
+def test_without_the_sdk_the_warning_names_a_command_that_works_in_a_clone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The package is on no index: `pip install 'llm-tail-gateway[tracing]'` cannot work."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # the import fails
+    events = Events()
+    assert build_tracer(ON, events, env={}) is None
+    (level, event, fields), *_ = events.seen
+    assert (level, event) == ("warning", "tracing_off")
+    assert "not installed" in fields["reason"]
+    assert fields["hint"].startswith("make install-tracing (in a clone")
+    assert ".venv/bin/pip install -e '.[tracing]'" in fields["hint"]
+    assert "pip install 'llm-tail-gateway" not in fields["hint"]
 
 
 def test_exporters_follow_otel_traces_exporter() -> None:

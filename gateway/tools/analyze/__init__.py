@@ -4,8 +4,12 @@ It reads the gateway's own per-request JSON log, so an on-call engineer needs
 nothing else to choose between scheduling fixes (lanes, slots, fail-fast) and
 capacity fixes. The parts: `fields` (what one line says, read defensively),
 `analyzer` (plain functions over the log's records: reading, the tail, the
-verdict), `tenants` (what each tenant got, and whether each lane's fair share
-between tenants held to the bound the gateway's scheduler promises),
+verdict), `engine` (the backend's time split into the engine's queue, prefill and
+decode, and the max_concurrency a backend's in-flight counts support), `retries`
+(retry storms: the share of retries over time and per client, who retried faster
+than told, what the retries cost), `tenants` (what each tenant got, and whether
+each lane's fair share between tenants held to the bound the gateway's scheduler
+promises),
 `report_text` and `report_html` (the two renderings; the HTML one needs
 matplotlib, an optional extra) and `cli` (the flags, reading files, writing the
 reports).
@@ -33,10 +37,18 @@ from gateway.tools.analyze.analyzer import (
     verdict,
 )
 from gateway.tools.analyze.cli import add_arguments, build_parser, main
+from gateway.tools.analyze.engine import (
+    ENGINE_FIELDS,
+    backend_slots,
+    band_splits,
+    engine_parts,
+    four_part_verdict,
+)
 from gateway.tools.analyze.fields import (
     NO_LANE,
     Record,
     arrival_s,
+    dispatched_s,
     end_s,
     lane_of,
     number,
@@ -44,13 +56,22 @@ from gateway.tools.analyze.fields import (
     was_served,
 )
 from gateway.tools.analyze.report_text import (
+    band_lines,
     fairness_lines,
     fmt_ms,
     fmt_share,
     format_report,
     predictor_lines,
+    retry_lines,
     tenant_lines,
     verdict_lines,
+)
+from gateway.tools.analyze.retries import (
+    STORM_SHARE,
+    STORM_WINDOW_S,
+    client_of,
+    is_retry,
+    retry_analysis,
 )
 from gateway.tools.analyze.tenants import (
     BACKLOG_SHARE,
@@ -67,6 +88,19 @@ from gateway.tools.analyze.tenants import (
 
 __all__ = [
     "BACKLOG_SHARE",
+    "ENGINE_FIELDS",
+    "STORM_SHARE",
+    "STORM_WINDOW_S",
+    "backend_slots",
+    "band_lines",
+    "band_splits",
+    "client_of",
+    "dispatched_s",
+    "engine_parts",
+    "four_part_verdict",
+    "is_retry",
+    "retry_analysis",
+    "retry_lines",
     "FAIRNESS_WINDOW_S",
     "METRICS",
     "NO_LANE",

@@ -4,13 +4,18 @@ It reads back the gateway's own per-request JSON lines (`event == "request"`), s
 an on-call engineer needs nothing but the log to decide between two different
 fixes: scheduling (lanes, slots, fail-fast) when the slowest requests spent their
 time in the gateway's queue, capacity or request size when they spent it in the
-backend. Anything else in the stream (lifecycle events, a simulator's banner,
-broken lines) is skipped and counted, never fatal: logs are messy at 2 a.m.
+backend. Where the log splits the backend's time as the engine saw it (`engine`),
+the backend's side says more: a wait in the engine's own queue (fewer slots for
+that backend: `max_concurrency`), a slow prefill (the model for this prompt size)
+or a long decode (long outputs). Anything else in the stream (lifecycle events, a
+simulator's banner, broken lines) is skipped and counted, never fatal: logs are
+messy at 2 a.m.
 
 Everything here is plain functions over plain dicts so that tests and benchmarks
 can use them without the CLI; what one line says (its fields, its moments) is
-read in `fields`, the tenants' side of the log is `tenants`, and the reports that
-render the result live in `report_text` and `report_html`.
+read in `fields`, the tenants' side of the log is `tenants`, its retries are
+`retries`, and the reports that render the result live in `report_text` and
+`report_html`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from gateway.tools.analyze.engine import (
+    PARTS,
+    backend_slots,
+    band_splits,
+    engine_parts,
+    four_part_verdict,
+    has_engine_fields,
+    sources,
+)
 from gateway.tools.analyze.fields import (
     NO_LANE,
     Record,
@@ -34,6 +48,7 @@ from gateway.tools.analyze.fields import (
     rounded,
     was_served,
 )
+from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S, retry_analysis
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S, tenant_analysis
 from gateway.tools.stats import percentile, summarize
 
@@ -63,6 +78,12 @@ PREDICTOR_RULE = (
 
 VERDICT_TEXT = {
     "queueing": "queueing-bound → scheduling (lanes, slots, fail-fast)",
+    "engine_queue": "engine-queue-bound → the backend has more slots than it batches: "
+    "lower max_concurrency",
+    "prefill": "prefill-bound → the model is slow for this prompt size "
+    "(capacity, shorter prompts, prefix cache)",
+    "decode": "decode-bound → outputs are long (cap max_tokens, long answers in a lane of "
+    "their own)",
     "backend": "backend-bound → capacity or request size",
     "gateway": "gateway-bound → the gateway's own work (see gateway_event_loop_lag_seconds)",
     "unknown": "no verdict → the slowest were refused at admission (see rejections)",
@@ -70,8 +91,18 @@ VERDICT_TEXT = {
 VERDICT_RULE = (
     f"A lane is queueing-bound when its slowest requests spent more than "
     f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued; gateway-bound when "
-    f"the gateway's own time (admission, relay) was more than either"
+    f"the gateway's own time (admission, relay) was more than either. Where the log splits "
+    f"the backend's time (engine_queue_ms, prefill_ms, decode_ms), waiting is the gateway's "
+    f"queue + the engine's: above {QUEUE_BOUND_SHARE:.0%}, the larger queue names the "
+    f"verdict (gateway queue: queueing-bound; engine queue: engine-queue-bound), else the "
+    f"larger of prefill and decode does (decode counts only in an e2e measure)"
 )
+TWO_PART_NOTE = {
+    "no_fields": "two-part verdict: this log has no engine_queue_ms / prefill_ms / decode_ms "
+    "(a gateway from before the engine split)",
+    "no_split": "two-part verdict: most of the slowest requests' backend time has no engine "
+    "split (timing_source null)",
+}
 
 # ----------------------------------------------------------------------------- reading
 
@@ -159,14 +190,18 @@ def breakdown(record: Record) -> dict[str, Any] | None:
         backend = max(0.0, e2e - queue) if record.get("backend") is not None else 0.0
     else:
         return None
+    arrival = arrival_s(record)
     return {
         "request_id": record.get("request_id"),
+        "arrival": None if arrival is None else iso_utc(arrival),
+        "backend": record.get("backend"),
         "outcome": outcome_of(record),
         "measure": measure,
         "total_ms": total,
         "queue_ms": queue,
         "backend_ms": backend,
         "gateway_ms": max(0.0, total - queue - backend),
+        **engine_parts(record, measure, backend),
     }
 
 
@@ -205,14 +240,25 @@ def verdict(
     return "queueing" if queue_ms / both > threshold else "backend"
 
 
-def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) -> dict[str, Any]:
-    """How the slowest `fraction` of these requests split their time, and the verdict."""
+def tail_analysis(
+    records: Sequence[Record],
+    fraction: float = TAIL_FRACTION,
+    *,
+    slots: dict[str, dict[str, Any]] | None = None,
+    split: bool | None = None,
+) -> dict[str, Any]:
+    """How the slowest `fraction` of these requests split their time, and the verdict.
+
+    Four parts (gateway queue, engine queue, prefill, decode) where the log has
+    the engine's split (`split`, default: whether these lines carry its fields),
+    else the two-part verdict (queue vs backend), saying why. `slots` is
+    `engine.backend_slots` of the whole log: an engine-queue verdict names the
+    max_concurrency it supports for each backend the tail queued in.
+    """
+    split = has_engine_fields(records) if split is None else split
     ranked = slowest(records)
     tail = ranked[: tail_size(len(ranked), fraction)]
-    sums = {
-        part: sum(b[part] for b in tail)
-        for part in ("total_ms", "queue_ms", "backend_ms", "gateway_ms")
-    }
+    sums = {part: sum(b[part] for b in tail) for part in ("total_ms", "backend_ms", *PARTS)}
     both = sums["queue_ms"] + sums["backend_ms"]
     size = len(tail)
 
@@ -225,6 +271,14 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
     # The gateway's time in the path of a first token (admission, relay), not a refusal's.
     in_path = sum(b["gateway_ms"] for b in tail if b["measure"] == "ttft_ms")
     kind = verdict(sums["queue_ms"], sums["backend_ms"], gateway_ms=in_path) if tail else None
+    note = None if split else TWO_PART_NOTE["no_fields"]
+    if split and tail:
+        four = four_part_verdict({**sums, "gateway_in_path_ms": in_path}, QUEUE_BOUND_SHARE)
+        if four is None:
+            note = TWO_PART_NOTE["no_split"]
+        else:
+            kind = four
+    advice = _engine_queue_advice(tail, slots or {}) if kind == "engine_queue" else []
     return {
         "fraction": fraction,
         "size": size,
@@ -240,10 +294,54 @@ def tail_analysis(records: Sequence[Record], fraction: float = TAIL_FRACTION) ->
         "backend_share": share("backend_ms"),
         "gateway_share": share("gateway_ms"),
         "queue_vs_backend": rounded(sums["queue_ms"] / both, 4) if both > 0 else None,
+        "split": "four" if split and note is None else "two",
+        "split_note": note,
+        "parts": {part: {"mean_ms": mean(part), "share": share(part)} for part in PARTS},
+        "timing_sources": sources(tail),
         "verdict": kind,
-        "verdict_text": VERDICT_TEXT[kind] if kind else None,
+        "verdict_text": _verdict_text(kind, advice),
+        "engine_queue_advice": advice,
+        "bands": band_splits(ranked),
         "slowest": [_rounded(b) for b in ranked[:SLOWEST_LISTED]],
     }
+
+
+def _engine_queue_advice(
+    tail: Sequence[dict[str, Any]], slots: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per backend the tail queued in (most engine queue first): its slots and the advised value."""
+    waited: Counter[str] = Counter()
+    for item in tail:
+        if isinstance(item["backend"], str) and item["engine_queue_ms"] > 0:
+            waited[item["backend"]] += item["engine_queue_ms"]
+    out = []
+    for backend, total in waited.most_common():
+        slot = slots.get(backend, {})
+        out.append(
+            {
+                "backend": backend,
+                "tail_engine_queue_ms": rounded(total),
+                "max_in_flight": slot.get("max_in_flight"),
+                "first_queued_in_flight": slot.get("first_queued_in_flight"),
+                "advised_max_concurrency": slot.get("advised_max_concurrency"),
+                "note": slot.get("note"),
+            }
+        )
+    return out
+
+
+def _verdict_text(kind: str | None, advice: Sequence[dict[str, Any]]) -> str | None:
+    """The verdict's line; an engine-queue one names each backend and the value to set."""
+    if kind is None:
+        return None
+    figures = [
+        f"{a['backend']}: {a['max_in_flight']} → {a['advised_max_concurrency']}"
+        for a in advice
+        if a["advised_max_concurrency"] is not None
+    ]
+    if not figures:
+        return VERDICT_TEXT[kind]
+    return VERDICT_TEXT[kind] + " (" + ", ".join(figures) + ")"
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -255,32 +353,47 @@ def analyze(
     skipped: int = 0,
     tail_fraction: float = TAIL_FRACTION,
     fairness_window_s: float = FAIRNESS_WINDOW_S,
+    storm_window_s: float = STORM_WINDOW_S,
+    storm_share: float = STORM_SHARE,
 ) -> dict[str, Any]:
     """Every number the text, JSON and HTML reports show, as one JSON-ready dict.
 
     `fairness_window_s` is the width of the windows the tenants' fair share is
-    judged in (`tenants.tenant_analysis`).
+    judged in (`tenants.tenant_analysis`); `storm_window_s` and `storm_share` the
+    windows retries are counted in and the share of retries that makes one a
+    storm (`retries.retry_analysis`).
     """
     by_lane: dict[str, list[Record]] = defaultdict(list)
     for record in records:
         by_lane[lane_of(record)].append(record)
     order = sorted(by_lane, key=lambda lane: (lane == NO_LANE, -len(by_lane[lane]), lane))
+    split = has_engine_fields(records)
+    slots = backend_slots(records) if split else None
     analysis = {
         "requests": len(records),
         "skipped_lines": skipped,
         "window": _window(records),
         "tail_fraction": tail_fraction,
         "verdict_rule": VERDICT_RULE,
-        "lanes": {lane: _lane(by_lane[lane], tail_fraction) for lane in order},
+        "engine_split": split,
+        "lanes": {lane: _lane(by_lane[lane], tail_fraction, slots, split) for lane in order},
         "tenants": tenant_analysis(records, window_s=fairness_window_s),
+        "retries": retry_analysis(records, window_s=storm_window_s, threshold=storm_share),
     }
     predictor = predictor_accuracy(records, lanes=order)
     if predictor is not None:  # a log from before the gateway predicted keeps its old shape
         analysis["predictor"] = predictor
+    if slots is not None:  # likewise a log from before the engine split
+        analysis["backends"] = slots
     return analysis
 
 
-def _lane(records: Sequence[Record], tail_fraction: float) -> dict[str, Any]:
+def _lane(
+    records: Sequence[Record],
+    tail_fraction: float,
+    slots: dict[str, dict[str, Any]] | None = None,
+    split: bool = False,
+) -> dict[str, Any]:
     by_outcome: dict[str, list[Record]] = defaultdict(list)
     for record in records:
         by_outcome[outcome_of(record)].append(record)
@@ -303,7 +416,10 @@ def _lane(records: Sequence[Record], tail_fraction: float) -> dict[str, Any]:
         "requests": total,
         "outcomes": outcomes,
         "failures": failures,
-        "tail": tail_analysis(records, tail_fraction),
+        "timing_sources": sources(r for r in records if r.get("backend") is not None)
+        if split
+        else {},
+        "tail": tail_analysis(records, tail_fraction, slots=slots, split=split),
     }
 
 

@@ -20,7 +20,12 @@ from typing import TextIO
 
 from gateway.tools.analyze.analyzer import TAIL_FRACTION, analyze, load_records
 from gateway.tools.analyze.report_text import format_report
+from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S
+
+#: What to run when matplotlib is missing. The package is not on any index, so
+#: `pip install 'llm-tail-gateway[report]'` cannot work; in a clone this does.
+REPORT_INSTALL = "make install-report (in a clone; or: .venv/bin/pip install -e '.[report]')"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +59,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tenants' fair share is judged in windows of S seconds "
         f"(default {FAIRNESS_WINDOW_S:g})",
     )
+    parser.add_argument(
+        "--storm-window",
+        type=float,
+        default=STORM_WINDOW_S,
+        metavar="S",
+        help=f"retries are counted in windows of S seconds (default {STORM_WINDOW_S:g})",
+    )
+    parser.add_argument(
+        "--storm-percent",
+        type=float,
+        default=100 * STORM_SHARE,
+        metavar="P",
+        help="a window where more than P%% of the requests were retries is a retry storm "
+        f"(default {100 * STORM_SHARE:g})",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,14 +84,17 @@ def main(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.fairness_window) and args.fairness_window > 0):
         print("analyze: --fairness-window must be a positive number of seconds", file=sys.stderr)
         return 2
+    if not (math.isfinite(args.storm_window) and args.storm_window > 0):
+        print("analyze: --storm-window must be a positive number of seconds", file=sys.stderr)
+        return 2
+    if not 0 <= args.storm_percent < 100:
+        print("analyze: --storm-percent must be in [0, 100)", file=sys.stderr)
+        return 2
     if args.html:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print(
-                "analyze: --html needs matplotlib: pip install 'llm-tail-gateway[report]'",
-                file=sys.stderr,
-            )
+            print(f"analyze: --html needs matplotlib: {REPORT_INSTALL}", file=sys.stderr)
             return 2
     try:
         with _open(args.logfile) as stream:
@@ -84,6 +107,8 @@ def main(args: argparse.Namespace) -> int:
         skipped=skipped,
         tail_fraction=args.tail_percent / 100,
         fairness_window_s=args.fairness_window,
+        storm_window_s=args.storm_window,
+        storm_share=args.storm_percent / 100,
     )
     if args.json != "-":
         sys.stdout.write(format_report(analysis))

@@ -59,6 +59,25 @@ def arrival_s(record: Record) -> float | None:
     return end - e2e / 1000.0
 
 
+def dispatched_s(record: Record) -> float | None:
+    """When the request was sent to its backend (epoch seconds); None if it never was.
+
+    The exact moment is the first token less `backend_ttft_ms` (arrival + ttft_ms −
+    backend_ttft_ms); without a first token, arrival + queue_ms (admission, a few
+    µs, is then counted as queue).
+    """
+    if record.get("backend") is None:
+        return None
+    arrival = arrival_s(record)
+    if arrival is None:
+        return None
+    ttft, backend_ttft = number(record, "ttft_ms"), number(record, "backend_ttft_ms")
+    if ttft is not None and backend_ttft is not None:
+        return arrival + (ttft - backend_ttft) / 1000.0
+    queue = number(record, "queue_ms")
+    return None if queue is None else arrival + queue / 1000.0
+
+
 def was_served(record: Record) -> bool:
     """Left the queue for a backend: a 200, unless the 200 was a stream already started
     (keep-alive comments) that then ended in the queue with a timeout."""

@@ -24,6 +24,7 @@ from gateway.tools.analyze.analyzer import (
     VERDICT_RULE,
     queue_depth_series,
 )
+from gateway.tools.analyze.engine import PART_TEXT, PARTS, SLOT_RULE
 from gateway.tools.analyze.fields import (
     NO_LANE,
     Record,
@@ -42,16 +43,46 @@ from gateway.tools.analyze.report_text import (
 from gateway.tools.analyze.tenants import NO_TENANT
 from gateway.tools.stats import percentile
 
-#: The parts of a request's wait, in the colours every plot and card use.
+#: The parts of a request's wait, in the colours every plot and card use: the two
+#: queues in oranges, the engine's work in blues, the gateway's own time grey.
 QUEUE_COLOUR = "#e6550d"
+ENGINE_QUEUE_COLOUR = "#a63603"
 BACKEND_COLOUR = "#3182bd"
+PREFILL_COLOUR = BACKEND_COLOUR
+DECODE_COLOUR = "#6baed6"
+BACKEND_OTHER_COLOUR = "#c6dbef"
 GATEWAY_COLOUR = "#a8a8a8"
+PART_COLOUR = {
+    "queue_ms": QUEUE_COLOUR,
+    "engine_queue_ms": ENGINE_QUEUE_COLOUR,
+    "prefill_ms": PREFILL_COLOUR,
+    "decode_ms": DECODE_COLOUR,
+    "backend_other_ms": BACKEND_OTHER_COLOUR,
+    "backend_ms": BACKEND_COLOUR,
+    "gateway_ms": GATEWAY_COLOUR,
+}
+#: The parts a bar is stacked from: four where the log splits the backend's time, else two.
+FOUR_PARTS = PARTS
+TWO_PARTS = ("queue_ms", "backend_ms", "gateway_ms")
+PART_LEGEND = {
+    "queue_ms": "gateway queue",
+    "backend_ms": "backend (dispatch → first token / end)",
+    "gateway_ms": "gateway (admission, refusal)",
+    **{part: PART_TEXT[part] for part in ("engine_queue_ms", "prefill_ms", "decode_ms")},
+    "backend_other_ms": "backend, not split by the engine",
+}
 VERDICT_COLOUR = {
     "queueing": QUEUE_COLOUR,
+    "engine_queue": ENGINE_QUEUE_COLOUR,
+    "prefill": PREFILL_COLOUR,
+    "decode": "#2171b5",
     "backend": BACKEND_COLOUR,
     "gateway": GATEWAY_COLOUR,
     "unknown": "#777777",
 }
+#: Retries in the retry panel, new requests beside them.
+RETRY_COLOUR = "#c51b7d"
+NEW_COLOUR = "#bdbdbd"
 LANE_COLOURS = ("#1b9e77", "#7570b3", "#d95f02", "#e7298a", "#66a61e", "#e6ab02", "#a6761d")
 #: Not-ok outcomes over time: away from the queue/backend orange and blue.
 REFUSAL_COLOURS = ("#c51b7d", "#54278f", "#4d4d4d", "#8c510a", "#b2182b", "#35978f", "#dfc27d")
@@ -95,6 +126,20 @@ def render(analysis: dict[str, Any], records: Sequence[Record], *, source: str =
                 _svg(_tail_figure(analysis, records), "tail"),
             ),
             (
+                "Where the time went, per percentile band",
+                "Each bar is the mean split of one lane's requests in a band of its ranking by "
+                "the verdict's measure: below P50, P50 to P90, P90 to P99, and the slowest 1%. "
+                + (
+                    "Gateway queue and engine queue are waiting; prefill and decode the "
+                    "engine's work (decode only in an e2e measure); backend, not split: what "
+                    "the engine did not account for."
+                    if analysis.get("engine_split")
+                    else "This log has no engine split (engine_queue_ms, prefill_ms, "
+                    "decode_ms): queue and backend only."
+                ),
+                _svg(_band_figure(analysis), "bands"),
+            ),
+            (
                 "Latency distribution per lane",
                 "Share of requests at or below each latency (log scale). TTFT: streamed "
                 "requests that got a first token; e2e: every request not refused at the door.",
@@ -110,10 +155,16 @@ def render(analysis: dict[str, Any], records: Sequence[Record], *, source: str =
         ]
         tenants = analysis.get("tenants") or {}
         tenant_svg = _svg(_tenant_figure(tenants), "tenants") if tenants.get("count", 0) > 1 else ""
-    return _page(analysis, figures, source, tenant_svg)
+        retries = analysis.get("retries") or {}
+        retry_svg = _svg(_retry_figure(retries), "retries") if retries.get("retries") else ""
+    return _page(analysis, figures, source, tenant_svg, retry_svg)
 
 
 # ----------------------------------------------------------------------------- figures
+
+
+def _parts_of(tail: dict[str, Any]) -> tuple[str, ...]:
+    return FOUR_PARTS if tail.get("split") == "four" else TWO_PARTS
 
 
 def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
@@ -133,54 +184,163 @@ def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
         _empty(fig.add_subplot(), "no request queued or reached a backend")
         return fig
     axes = fig.subplots(len(lanes), 1, squeeze=False, height_ratios=heights)[:, 0]
+    drawn: list[str] = []
     for ax, lane in zip(axes, lanes, strict=True):
         tail = analysis["lanes"][lane]["tail"]
         bars = bars_of[lane]
         ys = range(len(bars))
         left = [0.0] * len(bars)
-        for part, colour in (
-            ("queue_ms", QUEUE_COLOUR),
-            ("backend_ms", BACKEND_COLOUR),
-            ("gateway_ms", GATEWAY_COLOUR),
-        ):
+        for part in _parts_of(tail):
             widths = [b[part] for b in bars]
-            ax.barh(ys, widths, left=left, color=colour, height=0.72)
+            ax.barh(ys, widths, left=left, color=PART_COLOUR[part], height=0.72)
             left = [lo + w for lo, w in zip(left, widths, strict=True)]
-        ax.set_yticks(list(ys), [_bar_label(b) for b in bars], fontsize=8, family="monospace")
+            if part not in drawn:
+                drawn.append(part)
+        ax.set_yticks(list(ys), bar_labels(bars), fontsize=8, family="monospace")
         ax.invert_yaxis()
         ax.set_xlim(0, max(left) * 1.04 if max(left) > 0 else 1)
         ax.tick_params(axis="y", length=0)
         if tail["size"] < len(bars):
             ax.axhline(tail["size"] - 0.5, color="#333333", linestyle="--", linewidth=1)
         verdict = tail["verdict"] or "unknown"
+        label = (tail["verdict_text"] or verdict).partition(" → ")[0]
+        if tail.get("split") == "four":
+            parts = tail["parts"]
+            waiting = (parts["queue_ms"]["share"] or 0) + (parts["engine_queue_ms"]["share"] or 0)
+            why = f"waiting {fmt_share(waiting)} of the time"
+        else:
+            why = f"queue {fmt_share(tail['queue_vs_backend'])} of queue + backend"
         ax.set_title(
-            f"{lane}: {verdict}-bound, queue {fmt_share(tail['queue_vs_backend'])} of "
-            f"queue + backend in the slowest {_plural(tail['size'], 'request')}",
+            f"{lane}: {label}, {why} in the slowest {_plural(tail['size'], 'request')}",
             loc="left",
             fontsize=11,
             fontweight="bold",
             color=VERDICT_COLOUR[verdict],
         )
         ax.set_xlabel("ms")
+    order = [part for part in (*FOUR_PARTS, "backend_ms") if part in drawn]
     fig.legend(
-        handles=[
-            Patch(color=QUEUE_COLOUR, label="queued in the gateway"),
-            Patch(color=BACKEND_COLOUR, label="backend (dispatch → first token / end)"),
-            Patch(color=GATEWAY_COLOUR, label="gateway (admission, refusal)"),
-        ],
+        handles=[Patch(color=PART_COLOUR[part], label=PART_LEGEND[part]) for part in order],
         loc="outside upper center",
-        ncols=3,
+        ncols=min(4, len(order)),
         frameon=False,
     )
     return fig
 
 
-def _bar_label(item: dict[str, Any]) -> str:
-    rid = str(item["request_id"] or "?")[:10]
-    notes = [] if item["outcome"] == "ok" else [item["outcome"]]
-    if item["measure"] == "e2e_ms":
-        notes.append("e2e")
-    return f"{rid} {' '.join(notes)}".strip()
+def bar_labels(items: Sequence[dict[str, Any]]) -> list[str]:
+    """What tells the waterfall's bars apart: arrival time and the distinct part of each id.
+
+    A gateway's own ids share a per-process prefix (and a client's often do), so
+    their first characters read the same on every bar; what differs is the tail.
+    """
+    ids = [str(item.get("request_id") or "?") for item in items]
+    short = max((len(i) for i in ids), default=0) <= ID_SHOWN_MAX  # shown whole
+    common = len(_common_prefix(ids)) if len(ids) > 1 and not short else 0
+    common = max(0, min(common, min((len(i) for i in ids), default=0) - ID_SHOWN_MIN))
+    labels = []
+    for item, rid in zip(items, ids, strict=True):
+        distinct = rid[common:]
+        distinct = distinct[:ID_SHOWN_MAX] + ("…" if len(distinct) > ID_SHOWN_MAX else "")
+        at = item.get("arrival")
+        notes = [at[11:23] if isinstance(at, str) else "?", ("…" if common else "") + distinct]
+        if item["outcome"] != "ok":
+            notes.append(item["outcome"])
+        if item["measure"] == "e2e_ms":
+            notes.append("e2e")
+        labels.append(" ".join(notes))
+    return labels
+
+
+#: Characters of a request id a bar's label shows at least and at most.
+ID_SHOWN_MIN = 6
+ID_SHOWN_MAX = 12
+
+
+def _common_prefix(values: Sequence[str]) -> str:
+    first, last = min(values), max(values)
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    return first[:size]
+
+
+def _band_figure(analysis: dict[str, Any]) -> Any:
+    """Per lane, a stacked bar of the mean parts in each percentile band."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    lanes = [lane for lane, data in analysis["lanes"].items() if data["tail"].get("bands")]
+    heights = [len(analysis["lanes"][lane]["tail"]["bands"]) for lane in lanes] or [1]
+    fig = Figure(figsize=(10, 1.0 + sum(0.3 * h + 0.7 for h in heights)), layout="constrained")
+    if not lanes:
+        _empty(fig.add_subplot(), "no request with a TTFT or e2e time")
+        return fig
+    axes = fig.subplots(len(lanes), 1, squeeze=False, height_ratios=heights)[:, 0]
+    drawn: list[str] = []
+    for ax, lane in zip(axes, lanes, strict=True):
+        tail = analysis["lanes"][lane]["tail"]
+        bands = tail["bands"]
+        ys = range(len(bands))
+        left = [0.0] * len(bands)
+        for part in _parts_of(tail):
+            widths = [band[part] or 0.0 for band in bands]
+            ax.barh(ys, widths, left=left, color=PART_COLOUR[part], height=0.66)
+            left = [lo + w for lo, w in zip(left, widths, strict=True)]
+            if part not in drawn:
+                drawn.append(part)
+        labels = [f"{band['band']}  n={band['requests']}" for band in bands]
+        ax.set_yticks(list(ys), labels, fontsize=9, family="monospace")
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(left) * 1.12 if max(left) > 0 else 1)
+        for y, total in zip(ys, left, strict=True):
+            ax.text(total, y, f" {fmt_ms(total)} ms", va="center", fontsize=8)
+        ax.tick_params(axis="y", length=0)
+        ax.set_title(lane, loc="left", fontsize=11, fontweight="bold")
+        ax.set_xlabel("mean ms")
+    order = [part for part in (*FOUR_PARTS, "backend_ms") if part in drawn]
+    fig.legend(
+        handles=[Patch(color=PART_COLOUR[part], label=PART_LEGEND[part]) for part in order],
+        loc="outside upper center",
+        ncols=min(4, len(order)),
+        frameon=False,
+    )
+    return fig
+
+
+def _retry_figure(retries: dict[str, Any]) -> Any:
+    """Requests per window, retries stacked on new ones; below, the retries' share and the bar."""
+    from matplotlib.figure import Figure
+
+    windows = retries["windows"]
+    fig = Figure(figsize=(10, 4.6), layout="constrained")
+    count_ax, share_ax = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    width = retries["window_s"]
+    xs = [k * width for k in range(len(windows))]
+    new = [w["requests"] - w["retries"] for w in windows]
+    again = [w["retries"] for w in windows]
+    count_ax.bar(xs, new, width=width * 0.92, align="edge", color=NEW_COLOUR, label="new")
+    count_ax.bar(
+        xs, again, bottom=new, width=width * 0.92, align="edge", color=RETRY_COLOUR, label="retries"
+    )
+    count_ax.set_ylabel(f"requests per {width:g} s")
+    count_ax.legend(loc="lower left", bbox_to_anchor=(0, 1), ncols=2, frameon=False, fontsize=8)
+    shares = [100 * (w["share"] or 0.0) for w in windows]
+    colours = [RETRY_COLOUR if w["storm"] else NEW_COLOUR for w in windows]
+    share_ax.bar(xs, shares, width=width * 0.92, align="edge", color=colours)
+    share_ax.axhline(100 * retries["threshold"], color="#333333", linestyle="--", linewidth=1)
+    share_ax.text(
+        0,
+        100 * retries["threshold"],
+        f" storm above {retries['threshold']:.0%}",
+        va="bottom",
+        fontsize=8,
+    )
+    share_ax.set_ylim(0, 100)
+    share_ax.set_ylabel("retries, % of requests")
+    share_ax.set_xlabel("seconds since the first arrival in the log")
+    share_ax.set_xlim(0, max(width, len(windows) * width))
+    return fig
 
 
 def _cdf_figure(lanes: list[str], records: Sequence[Record], colours: dict[str, str]) -> Any:
@@ -436,6 +596,7 @@ def _page(
     figures: list[tuple[str, str, str]],
     source: str,
     tenant_svg: str = "",
+    retry_svg: str = "",
 ) -> str:
     e = html.escape
     window = analysis.get("window")
@@ -451,16 +612,25 @@ def _page(
         f"{analysis['skipped_lines']} other lines skipped · {e(when)}</div>",
         '<div class="cards">',
         *(_card(lane, data, analysis["tail_fraction"]) for lane, data in analysis["lanes"].items()),
+        _storm_card(analysis.get("retries") or {}),
         "</div>",
         f'<p class="note">Verdict from the slowest {100 * analysis["tail_fraction"]:g}% of '
         f"each lane. {e(VERDICT_RULE)}. Queue time is queue_ms; backend time is "
         "backend_ttft_ms (dispatch → first token), or dispatch → end for requests without a "
-        "first token; gateway time is the rest (admission, refusals).</p>",
+        "first token; gateway time is the rest (admission, refusals). "
+        + (
+            f"Engine slots: {e(SLOT_RULE)}.</p>"
+            if analysis.get("engine_split")
+            else "This log has no engine split (engine_queue_ms, prefill_ms, decode_ms): the "
+            "verdicts are the two-part ones, queue vs backend.</p>"
+        ),
     ]
     if not analysis["lanes"]:
         parts.append('<p class="note">No request lines (event == "request") in the input.</p>')
     for title, note, svg in figures:
         parts += [f"<h2>{e(title)}</h2>", f'<p class="note">{e(note)}</p>', svg]
+        if title.startswith("Where the time went") and analysis.get("backends"):
+            parts += ['<h3 id="engine-slots">Engine slots</h3>', _slots_table(analysis["backends"])]
     parts += [
         "<h2>Latency per lane and outcome (ms)</h2>",
         _latency_table(analysis),
@@ -471,6 +641,11 @@ def _page(
         parts += [
             '<h2 id="tenants-panel">Tenants</h2>',
             _tenant_panel(analysis["tenants"], tenant_svg),
+        ]
+    if analysis.get("retries"):
+        parts += [
+            '<h2 id="retries-panel">Retries</h2>',
+            _retry_panel(analysis["retries"], retry_svg),
         ]
     if analysis.get("predictor"):
         parts += ["<h2>Predictor: predicted wait vs measured, refusals</h2>"]
@@ -491,13 +666,15 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
     if not tail["size"] or kind == "unknown":
         split = why = ""
     else:
+        four = tail.get("split") == "four"
+        shares = (
+            [(p, tail["parts"][p]["share"]) for p in FOUR_PARTS]
+            if four
+            else [(p, tail[p.replace("_ms", "_share")]) for p in TWO_PARTS]
+        )
         split = '<div class="split">' + "".join(
-            f'<div style="width:{100 * (tail[share] or 0):.1f}%;background:{colour}"></div>'
-            for share, colour in (
-                ("queue_share", QUEUE_COLOUR),
-                ("backend_share", BACKEND_COLOUR),
-                ("gateway_share", GATEWAY_COLOUR),
-            )
+            f'<div style="width:{100 * (share or 0):.1f}%;background:{PART_COLOUR[part]}"></div>'
+            for part, share in shares
         )
         split += "</div>"
         measures = ", ".join(
@@ -506,14 +683,29 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
         why = (
             f"Slowest {100 * fraction:g}% = {tail['size']} of {_plural(tail['ranked'], 'request')} "
             f"({e(measures)}), mean <b>{fmt_ms(tail['mean_total_ms'])} ms</b>: "
-            f'<span style="color:{QUEUE_COLOUR}">queue <b>{fmt_ms(tail["mean_queue_ms"])} ms'
-            f"</b> ({fmt_share(tail['queue_share'])})</span>, "
-            f'<span style="color:{BACKEND_COLOUR}">backend <b>'
-            f"{fmt_ms(tail['mean_backend_ms'])} ms</b> ({fmt_share(tail['backend_share'])})"
-            f"</span>, gateway {fmt_ms(tail['mean_gateway_ms'])} ms. Queue holds "
-            f"<b>{fmt_share(tail['queue_vs_backend'])}</b> of queue + backend "
-            f"(threshold {QUEUE_BOUND_SHARE:.0%}).<br>"
         )
+        if four:
+            why += ", ".join(
+                f'<span style="color:{VERDICT_COLOUR.get(part[:-3], PART_COLOUR[part])}">'
+                f"{PART_TEXT[part]} <b>{fmt_ms(tail['parts'][part]['mean_ms'])} ms</b> "
+                f"({fmt_share(tail['parts'][part]['share'])})</span>"
+                for part in FOUR_PARTS
+                if tail["parts"][part]["mean_ms"]
+            )
+            timings = ", ".join(f"{s} {n}" for s, n in tail["timing_sources"].items())
+            why += f". Timings: {e(timings)}.<br>"
+            for advice in tail.get("engine_queue_advice", []):
+                why += f"{e(_advice_html(advice))}<br>"
+        else:
+            why += (
+                f'<span style="color:{QUEUE_COLOUR}">queue <b>{fmt_ms(tail["mean_queue_ms"])} ms'
+                f"</b> ({fmt_share(tail['queue_share'])})</span>, "
+                f'<span style="color:{BACKEND_COLOUR}">backend <b>'
+                f"{fmt_ms(tail['mean_backend_ms'])} ms</b> ({fmt_share(tail['backend_share'])})"
+                f"</span>, gateway {fmt_ms(tail['mean_gateway_ms'])} ms. Queue holds "
+                f"<b>{fmt_share(tail['queue_vs_backend'])}</b> of queue + backend "
+                f"(threshold {QUEUE_BOUND_SHARE:.0%}).<br>"
+            )
     why += (
         f"{_plural(data['requests'], 'request')} · ok P99 TTFT {_bold_ms(p99_ttft)} · "
         f"ok P99 e2e {_bold_ms(p99_e2e)} · not ok <b>{failed}</b> "
@@ -525,6 +717,115 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
         f'<div class="verdict">{e(label)}</div>'
         f'<div class="action">→ {e(action) if action else "look at the tables below"}</div>'
         f'{split}<div class="why">{why}</div></div>'
+    )
+
+
+def _advice_html(advice: dict[str, Any]) -> str:
+    head = f"{advice['backend']}: up to {advice['max_in_flight']} in flight"
+    if advice["advised_max_concurrency"] is None:
+        return f"{head}; no figure for max_concurrency: {advice['note']}."
+    return (
+        f"{head}; none queued in the engine at ≤ {advice['advised_max_concurrency']}, queued "
+        f"from {advice['first_queued_in_flight']}: max_concurrency = "
+        f"{advice['advised_max_concurrency']}."
+    )
+
+
+def _slots_table(backends: dict[str, Any]) -> str:
+    """Per backend: requests queued in the engine / sent, by how many were in flight."""
+    e = html.escape
+    body = ""
+    for name, data in backends.items():
+        counts = ", ".join(
+            f"{n}: {row['queued']}/{row['requests']}" for n, row in data["by_in_flight"].items()
+        )
+        advised = data["advised_max_concurrency"]
+        body += (
+            f"<tr><td>{e(name)}</td><td>{data['requests']}</td><td>{data['max_in_flight']}</td>"
+            f"<td>{data['first_queued_in_flight'] or '-'}</td>"
+            f"<td><b>{advised if advised is not None else '-'}</b></td>"
+            f"<td class=text>{e(counts)}</td><td class=text>{e(data['note'] or '')}</td></tr>"
+        )
+    return (
+        '<table><thead><tr><th class="text">backend</th><th>requests</th>'
+        "<th>most in flight</th><th>queued in the engine from</th>"
+        "<th>advised max_concurrency</th>"
+        '<th class="text">in flight when sent: queued in the engine / sent</th>'
+        '<th class="text">note</th></tr></thead>'
+        f"<tbody>{body}</tbody></table>"
+        f'<p class="note">{e(SLOT_RULE)}.</p>'
+    )
+
+
+def _storm_card(retries: dict[str, Any]) -> str:
+    """A card of its own for a retry storm: it is a verdict, with its own fix."""
+    if retries.get("verdict") != "storm":
+        return ""
+    e = html.escape
+    label, _, action = retries["verdict_text"].partition(" → ")
+    faster = ", ".join(f"{name} {n}" for name, n in retries["clients_faster_than_told"].items())
+    queue, refusals = retries["queue_ms"], retries["refusals"]
+    return (
+        f'<div class="card" style="--c:{RETRY_COLOUR}">'
+        '<div class="lane">all lanes</div>'
+        f'<div class="verdict">{e(label)}</div>'
+        f'<div class="action">→ {e(action)}</div>'
+        f'<div class="why">Retries were <b>{fmt_share(retries["share"])}</b> of '
+        f"{_plural(retries['requests'], 'request')}, over {retries['threshold']:.0%} in "
+        f"<b>{retries['storm_windows']}</b> of {len(retries['windows'])} windows; they held "
+        f"<b>{fmt_share(queue['share'])}</b> of the queue wait and "
+        f"<b>{fmt_share(refusals['share'])}</b> of the refusals. Faster than told: "
+        f"{e(faster) if faster else 'none'}.</div></div>"
+    )
+
+
+def _retry_panel(retries: dict[str, Any], svg: str) -> str:
+    """The retry section: its figures, the chart over time, and the clients that retried."""
+    e = html.escape
+    if not retries["tagged"]:
+        return (
+            '<p class="note">This log has no retry_of field (a gateway from before retries '
+            "were marked): retries cannot be told from new requests.</p>"
+        )
+    if not retries["retries"]:
+        return f'<p class="note">None of {retries["requests"]} requests was a retry.</p>'
+    queue, refusals = retries["queue_ms"], retries["refusals"]
+    retried = ", ".join(f"{code} {n}" for code, n in retries["retried_outcomes"].items())
+    head = (
+        f'<p class="note"><b>{e(retries["verdict_text"])}</b>. {retries["retries"]} of '
+        f"{retries['requests']} requests ({fmt_share(retries['share'])}) were retries; "
+        f"{retries['storm_windows']} of {len(retries['windows'])} windows of "
+        f"{retries['window_s']:g} s had more than {retries['threshold']:.0%}. The retries held "
+        f"{fmt_share(queue['share'])} of the queue wait ({fmt_ms(queue['retries'])} of "
+        f"{fmt_ms(queue['total'])} ms) and {fmt_share(refusals['share'])} of the refusals "
+        f"({refusals['retries']} of {refusals['total']}); the requests retried had got: "
+        f"{e(retried)}; {retries['over_max_retries']} went beyond the seed's two retries; "
+        f"{retries.get('damped', 0)} were refused at once by the gateway for coming before "
+        "their Retry-After.</p>"
+    )
+    body = "".join(
+        f"<tr><td>{e(name)}</td><td>{row['requests']}</td><td>{row['retries']}</td>"
+        f"<td>{fmt_share(row['share'])}</td><td>{row['told']}</td>"
+        f"<td>{row['faster_than_told']}</td><td>{fmt_ms(row['median_gap_ms'])}</td>"
+        f"<td>{row['longest_chain']}</td><td>{row['refused']}</td></tr>"
+        for name, row in list(retries["clients"].items())[:TENANTS_SHOWN]
+        if row["retries"]
+    )
+    table = (
+        '<table><thead><tr><th class="text">client</th><th>requests</th><th>retries</th>'
+        "<th>share</th><th>told (Retry-After)</th><th>faster than told</th>"
+        "<th>median gap ms</th><th>longest chain</th><th>refused</th></tr></thead>"
+        f"<tbody>{body}</tbody></table>"
+    )
+    return "\n".join(
+        [
+            head,
+            '<p class="note">Above: requests per window, retries on top; below: the '
+            "retries' share, the storm windows in colour.</p>",
+            svg,
+            table,
+            f'<p class="note">{e(retries["rule"])}.</p>',
+        ]
     )
 
 

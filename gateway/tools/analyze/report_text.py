@@ -10,6 +10,8 @@ import textwrap
 from typing import Any
 
 from gateway.tools.analyze.analyzer import QUEUE_BOUND_SHARE, VERDICT_RULE
+from gateway.tools.analyze.engine import PART_TEXT, PARTS, SLOT_RULE
+from gateway.tools.analyze.retries import MAX_RETRIES
 from gateway.tools.analyze.tenants import COST_FALLBACK, COST_LOGGED, NO_TENANT
 
 MEASURE_TEXT = {"ttft_ms": "TTFT", "e2e_ms": "e2e (no first token)"}
@@ -45,26 +47,130 @@ def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
     )
     lane = lane[:40]
     pct = f"{100 * tail['fraction']:g}%"
-    lines = [
-        f"{lane}: {tail['verdict_text']}",
-        f"    slowest {pct} = {tail['size']} of {tail['ranked']} requests, measured by {measures}",
+    lines = _wrapped(f"{lane}: {tail['verdict_text']}", indent="", more="      ")
+    lines.append(
+        f"    slowest {pct} = {tail['size']} of {tail['ranked']} requests, measured by {measures}"
+    )
+    if tail.get("split") == "four":
+        return lines + _four_part_lines(tail)
+    lines.append(
         f"    mean {fmt_ms(tail['mean_total_ms'])} ms = queue {fmt_ms(tail['mean_queue_ms'])} ms"
         f" ({fmt_share(tail['queue_share'])}) + backend {fmt_ms(tail['mean_backend_ms'])} ms"
         f" ({fmt_share(tail['backend_share'])}) + gateway {fmt_ms(tail['mean_gateway_ms'])} ms"
-        f" ({fmt_share(tail['gateway_share'])})",
-    ]
+        f" ({fmt_share(tail['gateway_share'])})"
+    )
     if tail["verdict"] == "unknown":
         return lines
-    spread = (
-        f"; tail {fmt_ms(tail['cutoff_ms'])} to {fmt_ms(tail['max_ms'])} ms"
-        if tail["size"] > 1
-        else ""
-    )
     lines.append(
         f"    queue share of queue + backend: {fmt_share(tail['queue_vs_backend'])}"
-        f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%}){spread}"
+        f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%}){_spread(tail)}"
     )
+    if tail.get("split_note") and tail["split_note"] != TWO_PART_LOG_NOTE:
+        lines.append(f"    {tail['split_note']}")
     return lines
+
+
+#: Said once under VERDICT rather than under every lane of an older log.
+TWO_PART_LOG_NOTE = (
+    "two-part verdict: this log has no engine_queue_ms / prefill_ms / decode_ms "
+    "(a gateway from before the engine split)"
+)
+
+
+def _four_part_lines(tail: dict[str, Any]) -> list[str]:
+    parts = tail["parts"]
+    split = ", ".join(
+        f"{PART_TEXT[part]} {fmt_ms(parts[part]['mean_ms'])} ({fmt_share(parts[part]['share'])})"
+        for part in PARTS
+    )
+    lines = _wrapped(f"mean {fmt_ms(tail['mean_total_ms'])} ms: {split}")
+    if tail["verdict"] == "unknown":
+        return lines
+    waiting = sum(parts[p]["mean_ms"] or 0.0 for p in ("queue_ms", "engine_queue_ms"))
+    both = (tail["mean_queue_ms"] or 0.0) + (tail["mean_backend_ms"] or 0.0)
+    lines += _wrapped(
+        f"waiting (gateway + engine queue) {fmt_share(waiting / both if both else None)} of "
+        f"queue + backend (a queue names the verdict above {QUEUE_BOUND_SHARE:.0%}){_spread(tail)}"
+    )
+    timings = ", ".join(f"{source} {n}" for source, n in tail["timing_sources"].items())
+    lines.append(f"    timings of the slowest: {timings}")
+    for advice in tail.get("engine_queue_advice", []):
+        lines += _wrapped(_advice_text(advice))
+    return lines
+
+
+def _advice_text(advice: dict[str, Any]) -> str:
+    """What the in-flight counts of one backend say about its max_concurrency."""
+    head = f"{advice['backend']}: up to {advice['max_in_flight']} in flight when requests were sent"
+    if advice["advised_max_concurrency"] is None:
+        return f"{head}; no figure: {advice['note']}"
+    return (
+        f"{head}; none queued in the engine at ≤ {advice['advised_max_concurrency']}, queued "
+        f"from {advice['first_queued_in_flight']}: set its max_concurrency to "
+        f"{advice['advised_max_concurrency']}"
+    )
+
+
+def _spread(tail: dict[str, Any]) -> str:
+    if tail["size"] <= 1:
+        return ""
+    return f"; tail {fmt_ms(tail['cutoff_ms'])} to {fmt_ms(tail['max_ms'])} ms"
+
+
+def _wrapped(text: str, indent: str = "    ", more: str = "      ") -> list[str]:
+    return textwrap.wrap(text, width=98, initial_indent=indent, subsequent_indent=more)
+
+
+def slot_lines(backends: dict[str, Any]) -> list[str]:
+    """ENGINE SLOTS: per backend, who queued in the engine by how many were in flight."""
+    out = [
+        "ENGINE SLOTS per backend: requests in flight when one was sent: queued in the "
+        "engine / sent"
+    ]
+    if not backends:
+        out.append("  no request was sent to a backend")
+    for name, data in backends.items():
+        counts = ", ".join(
+            f"{n}: {row['queued']}/{row['requests']}" for n, row in data["by_in_flight"].items()
+        )
+        if data["advised_max_concurrency"] is not None:
+            said = (
+                f"→ it batches {data['advised_max_concurrency']}: max_concurrency "
+                f"{data['advised_max_concurrency']} (queued from {data['first_queued_in_flight']})"
+            )
+        else:
+            said = f"→ no figure: {data['note']}"
+        out += _wrapped(f"{name[:40]}: {counts} {said}", indent="  ", more="    ")
+    return out
+
+
+BAND_HEADERS = ("total", "gw queue", "eng queue", "prefill", "decode", "other", "gateway")
+
+
+def band_lines(lanes: dict[str, Any]) -> list[str]:
+    """TIME SPLIT: per lane and percentile band, the mean of each part (the HTML's bars)."""
+    out = _wrapped(
+        "TIME SPLIT per lane and percentile band of the verdict's measure (mean ms; other: "
+        "backend time the engine did not account for)",
+        indent="",
+        more="  ",
+    )
+    out += [
+        f"  {'lane / band':<20}{'n':>6}" + "".join(f"{h:>10}" for h in BAND_HEADERS),
+    ]
+    for lane, data in lanes.items():
+        bands = data["tail"].get("bands") or []
+        if not bands:
+            continue
+        timings = ", ".join(f"{s} {n}" for s, n in data.get("timing_sources", {}).items())
+        out.append(f"  {lane[:40]}" + (f" (timings: {timings})"[:56] if timings else ""))
+        for band in bands:
+            cells = [band["mean_total_ms"], *(band[part] for part in PARTS)]
+            out.append(
+                f"    {band['band']:<18}{band['requests']:>6}"
+                + "".join(f"{fmt_ms(c):>10}" for c in cells)
+            )
+    return out
 
 
 def format_report(analysis: dict[str, Any]) -> str:
@@ -82,8 +188,16 @@ def format_report(analysis: dict[str, Any]) -> str:
         return "\n".join(out) + "\n"
 
     out += ["", f"VERDICT, slowest {100 * analysis['tail_fraction']:g}% of each lane"]
+    if not analysis.get("engine_split"):
+        out += _wrapped(f"({TWO_PART_LOG_NOTE})", indent="  ", more="   ")
     for lane, data in lanes.items():
         out += ["  " + line for line in verdict_lines(lane, data["tail"])]
+    retries = analysis.get("retries") or {}
+    if retries.get("verdict") == "storm":
+        out += ["  " + line for line in _wrapped(f"retries: {retries['verdict_text']}", "")]
+    if analysis.get("engine_split"):
+        out += ["", *band_lines(lanes)]
+        out += ["", *slot_lines(analysis.get("backends") or {})]
 
     out += ["", "LATENCY (ms) per lane and outcome; n = requests with a value"]
     out.append(
@@ -125,10 +239,13 @@ def format_report(analysis: dict[str, Any]) -> str:
     tenants = analysis.get("tenants")
     if tenants:
         out += ["", *tenant_lines(tenants)]
+    if retries:
+        out += ["", *retry_lines(retries)]
+    slots = f" Engine slots: {SLOT_RULE}." if analysis.get("engine_split") else ""
     out += ["", "HOW TO READ"]
     out += textwrap.wrap(
         f"{VERDICT_RULE}. {MEASURE_LEGEND}. Gateway time is admission (token counting) and "
-        "refusals. Percentiles interpolate linearly between ranks, as numpy does.",
+        f"refusals.{slots} Percentiles interpolate linearly between ranks, as numpy does.",
         width=98,
         initial_indent="  ",
         subsequent_indent="  ",
@@ -275,7 +392,7 @@ def fairness_lines(tenants: dict[str, Any]) -> list[str]:
             f"  all lanes: {fairness['windows']} window(s), min J {_index(fairness['min_jain'])}, "
             f"median J {_index(fairness['median_jain'])} (1.0 = served exactly by weight)"
         )
-    out.append("  " + cost_source_text(tenants["cost_source"]))
+    out += _wrapped(cost_source_text(tenants["cost_source"]), indent="  ", more="    ")
     out += textwrap.wrap(
         "windows: those counted; one: those with a single tenant backlogged and served (not "
         "counted); gap, bound and in flight are in weighted tokens. "
@@ -311,3 +428,95 @@ def _tokens(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.1f}"
+
+
+#: Storm windows and clients listed one by one in the text report; --json has all.
+STORM_WINDOWS_LISTED = 8
+RETRY_CLIENTS_LISTED = 15
+
+
+def retry_lines(retries: dict[str, Any]) -> list[str]:
+    """The RETRIES section: how much was retries, when, whose, and what it cost."""
+    if not retries["tagged"]:
+        return _wrapped(
+            "RETRIES: this log has no retry_of field (a gateway from before retries were "
+            "marked): retries cannot be told from new requests",
+            indent="",
+            more="  ",
+        )
+    if not retries["retries"]:
+        return [f"RETRIES: none of {retries['requests']} requests was a retry"]
+    windows = retries["windows"]
+    out = _wrapped(
+        f"RETRIES: {retries['retries']} of {retries['requests']} requests "
+        f"({fmt_share(retries['share'])}) were retries; {retries['storm_windows']} of "
+        f"{len(windows)} window(s) of {retries['window_s']:g} s had more than "
+        f"{retries['threshold']:.0%} retries",
+        indent="",
+        more="  ",
+    )
+    out += _wrapped(f"verdict: {retries['verdict_text']}", indent="  ")
+    storms = [w for w in windows if w["storm"]]
+    if storms:
+        listed = "; ".join(
+            f"{w['start'][11:23]} {w['retries']}/{w['requests']} ({fmt_share(w['share'])})"
+            for w in storms[:STORM_WINDOWS_LISTED]
+        )
+        more = f"; and {len(storms) - STORM_WINDOWS_LISTED} more" if len(storms) > 8 else ""
+        out += _wrapped(f"storm windows (start, retries/requests): {listed}{more}", "  ")
+        whose = ", ".join(f"{name} {n}" for name, n in list(retries["storm_clients"].items())[:8])
+        out += _wrapped(f"retries in storm windows by client: {whose}", "  ")
+    queue, refusals = retries["queue_ms"], retries["refusals"]
+    out += _wrapped(
+        f"cost: {fmt_share(queue['share'])} of the queue wait ({fmt_ms(queue['retries'])} of "
+        f"{fmt_ms(queue['total'])} ms queue_ms), {fmt_share(refusals['share'])} of the "
+        f"refusals ({refusals['retries']} of {refusals['total']})",
+        "  ",
+    )
+    retried = ", ".join(f"{code} {n}" for code, n in retries["retried_outcomes"].items())
+    out += _wrapped(f"what the retried requests got: {retried}", "  ")
+    faster = retries["clients_faster_than_told"]
+    clients = retries["clients"]
+    if faster:
+        named = ", ".join(
+            f"{name} {n} of {clients[name]['told']}" for name, n in list(faster.items())[:10]
+        )
+        out += _wrapped(f"faster than told (before their Retry-After): {named}", "  ")
+    else:
+        out.append(
+            f"  faster than told: none of the {retries['judged_against_retry_after']} retries "
+            "of a refusal with a Retry-After"
+        )
+    if retries.get("damped"):
+        out.append(
+            f"  damped by the gateway (refused at once, before their Retry-After): "
+            f"{retries['damped']}"
+        )
+    if retries["over_max_retries"]:
+        out.append(
+            f"  beyond the seed's {MAX_RETRIES} retries of one request: "
+            f"{retries['over_max_retries']}"
+        )
+    out.append(
+        f"  {'client':<24}{'requests':>9}{'retries':>8}{'share':>7}{'told':>6}{'faster':>7}"
+        f"{'median gap':>11}{'chain':>6}{'refused':>8}"
+    )
+    rows = [(n, row) for n, row in clients.items() if row["retries"]][:RETRY_CLIENTS_LISTED]
+    for name, row in rows:
+        out.append(
+            f"  {name[:23]:<24}{row['requests']:>9}{row['retries']:>8}"
+            f"{fmt_share(row['share']):>7}{row['told']:>6}{row['faster_than_told']:>7}"
+            f"{_ms_or_dash(row['median_gap_ms']):>11}{row['longest_chain']:>6}"
+            f"{row['refused']:>8}"
+        )
+    rest = sum(1 for row in clients.values() if row["retries"]) - len(rows)
+    if rest > 0:
+        out.append(f"  ... and {rest} more client(s) that retried (all of them in --json)")
+    out += textwrap.wrap(
+        "told: retries of a refusal that carried a Retry-After; chain: the most retries of one "
+        f"request. {retries['rule']}.",
+        width=98,
+        initial_indent="  ",
+        subsequent_indent="  ",
+    )
+    return out

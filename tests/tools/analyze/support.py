@@ -189,3 +189,148 @@ def unfair_log() -> list[dict[str, Any]]:
     a = [0.5 + i for i in range(11)]
     b = [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
     return backlogged_pair(("a", 2.0, a, 300.0), ("b", 1.0, b, 100.0))
+
+
+# ----------------------------------------------------------------------------- engine split
+
+
+def engine_run(
+    arrivals: list[float],
+    *,
+    gateway_slots: int,
+    engine_slots: int,
+    prefill_s: float,
+    decode_s: float,
+    backend: str = "b0",
+    lane: str = "interactive",
+    stream: bool = True,
+    source: str | None = "engine",
+) -> list[dict[str, Any]]:
+    """The log of a gateway with `gateway_slots` in front of an engine that batches `engine_slots`.
+
+    Both serve first come first served; each request then prefills for `prefill_s`
+    and decodes for `decode_s`. What the gateway sends beyond what the engine
+    batches waits in the engine's queue: `engine_queue_ms`. Times are seconds after
+    ORIGIN_S; admission takes 0.5 ms, as in `rec`.
+    """
+    admission = 0.0005
+    gateway_free = [0.0] * gateway_slots  # when each gateway slot is next free
+    engine_free = [0.0] * engine_slots
+    lines = []
+    for arrive in sorted(arrivals):
+        enqueued = arrive + admission
+        slot = min(range(gateway_slots), key=gateway_free.__getitem__)
+        dispatch = max(enqueued, gateway_free[slot])
+        seat = min(range(engine_slots), key=engine_free.__getitem__)
+        start = max(dispatch, engine_free[seat])
+        first_token = start + prefill_s
+        end = first_token + decode_s
+        gateway_free[slot] = engine_free[seat] = end
+        line = rec(
+            lane,
+            queue=round((dispatch - enqueued) * 1000, 3),
+            backend=round((first_token - dispatch) * 1000, 3),
+            stream=stream,
+            e2e=round((end - arrive) * 1000, 3),
+            end=_stamp(end),
+        )
+        line.update(
+            backend=backend,
+            engine_queue_ms=round((start - dispatch) * 1000, 3),
+            prefill_ms=round(prefill_s * 1000, 3),
+            decode_ms=round(decode_s * 1000, 3),
+            timing_source=source,
+        )
+        if not stream:  # the first token is not seen, only the end
+            line.update(ttft_ms=None, backend_ttft_ms=None, tpot_ms=None)
+        lines.append(line)
+    return lines
+
+
+def bursts(count: int, size: int, *, every_s: float, spacing_s: float) -> list[float]:
+    """`count` bursts of `size` arrivals `spacing_s` apart, a burst every `every_s` seconds."""
+    return [b * every_s + i * spacing_s for b in range(count) for i in range(size)]
+
+
+# ----------------------------------------------------------------------------- retries
+
+
+def retry_line(
+    client: str,
+    at: float,
+    *,
+    took_s: float = 0.05,
+    refused: str | None = None,
+    retry_after: float | None = None,
+    queue: float | None = 1.0,
+    earlier: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A request of `client` arriving at `at` (s after ORIGIN_S), ending `took_s` later.
+
+    `earlier`: the line it retries; the retry fields are then filled as the
+    gateway writes them (its id, the gap from its end, what it got).
+    """
+    line = rec(
+        "interactive" if refused != "prompt_too_long" else None,
+        outcome="ok" if refused is None else f"rejected_{refused}",
+        queue=queue if refused is None else None,
+        backend=10.0 if refused is None else None,
+        e2e=took_s * 1000.0,
+        end=_stamp(at + took_s),
+        client=client,
+        tenant=client,
+        error_code=refused,
+        retry_after_s=retry_after,
+        retry_of=None,
+        retry_gap_ms=None,
+        retried_outcome=None,
+    )
+    if earlier is not None:
+        earlier_end = END_S - 1000.0 + _seconds_after_origin(earlier["timestamp"])
+        line.update(
+            retry_of=earlier["request_id"],
+            retry_gap_ms=round((ORIGIN_S + at - earlier_end) * 1000.0, 3),
+            retried_outcome=earlier["error_code"] or earlier["outcome"],
+        )
+    return line
+
+
+def _seconds_after_origin(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp() - ORIGIN_S
+
+
+def storm_log() -> list[dict[str, Any]]:
+    """A minute of traffic with a retry storm in [20, 30) s.
+
+    - "calm" sends one request a second for 60 s, each served after 1 ms queued.
+    - "polite" is refused at 5 s (wait_too_long, Retry-After 2 s) and retries 2.5 s
+      later, served: one retry, told and honoured.
+    - "rush" sends ten requests, at 20 … 29 s; each is refused (Retry-After 2 s) and
+      retried 100 ms after each refusal, three times: the first two retries are
+      refused again, the third is served after 400 ms in the queue. 30 retries, all
+      faster than told, ten of them a third retry (over the seed's two).
+    Window [20, 30): 10 calm + 40 rush = 50 requests, 30 retries (60%): a storm.
+    Window [0, 10): 12 requests, 1 retry (8%): not one.
+    Queue: 60 + 1 + 10 × 400 = 4061 ms, 4001 of it retries'; refusals: 31, 20 retries.
+    """
+    lines = [retry_line("calm", float(t)) for t in range(60)]
+    first = retry_line("polite", 5.0, took_s=0.001, refused="wait_too_long", retry_after=2.0)
+    lines += [first, retry_line("polite", 5.001 + 2.5, earlier=first)]
+    for i in range(10):
+        at = 20.0 + i
+        line = retry_line("rush", at, took_s=0.001, refused="wait_too_long", retry_after=2.0)
+        lines.append(line)
+        for attempt in range(3):
+            at += 0.001 + 0.1
+            last = attempt == 2
+            line = retry_line(
+                "rush",
+                at,
+                took_s=0.45 if last else 0.001,
+                refused=None if last else "wait_too_long",
+                retry_after=None if last else 2.0,
+                queue=400.0,
+                earlier=line,
+            )
+            lines.append(line)
+    return sorted(lines, key=lambda line: line["timestamp"])

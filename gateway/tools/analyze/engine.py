@@ -1,0 +1,238 @@
+"""Inside the backend's time: the engine's own queue, prefill and decode, and the slots it batches.
+
+`backend_ttft_ms` is two things added together: the time a request sat in the
+*engine's* queue and its prefill. They call for opposite fixes. An engine given
+more requests than it batches (TGI's `max_batch_total_tokens`, vLLM preempting
+with its KV cache full, llama.cpp's deferred requests) queues them itself, out
+of the gateway's sight, and the fix is fewer slots for it (`max_concurrency`),
+so that the wait happens in the gateway's queue, where lanes and fail-fast
+apply. A slow prefill is the model being slow for the prompt's size (capacity,
+shorter prompts, the prefix cache); a long decode is long outputs. The log line
+carries the split (`engine_queue_ms`, `prefill_ms`, `decode_ms`, and where it
+came from: `timing_source`); a log from before it has none of these fields and
+the lane verdict stays the two-part one (queue vs backend).
+
+The parts of one request's measure (TTFT, or e2e without a first token):
+gateway queue (`queue_ms`) + engine queue + prefill + decode + backend other
+(the backend time the engine did not account for: network, relay, the part of
+a request with no split) + gateway (admission, refusal). Decode is counted only
+in an e2e measure: a first token comes before it. Where the engine's parts add
+up to more than the backend time the gateway measured (an estimate's rounding),
+they are scaled down to it, so the parts always add up to the measure.
+
+The figure for `max_concurrency` comes from the log alone: each request's
+dispatch (arrival + ttft_ms − backend_ttft_ms) and end give, per backend, how
+many requests were in flight when each one was sent. Requests sent while few
+were in flight start at once; past what the engine batches, they wait in it.
+The advice is the highest in-flight count still queue-free below the lowest one
+at which requests queued in the engine.
+
+Plain functions over plain dicts, like the rest of the analyzer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gateway.tools.analyze.fields import Record, dispatched_s, end_s, number, rounded
+from gateway.tools.stats import percentile
+
+#: The log fields of the engine's split; a log with none of them predates it.
+ENGINE_FIELDS: tuple[str, ...] = ("engine_queue_ms", "prefill_ms", "decode_ms")
+#: A request's parts, in the order the reports show (and stack) them.
+PARTS: tuple[str, ...] = (
+    "queue_ms",
+    "engine_queue_ms",
+    "prefill_ms",
+    "decode_ms",
+    "backend_other_ms",
+    "gateway_ms",
+)
+PART_TEXT = {
+    "queue_ms": "gateway queue",
+    "engine_queue_ms": "engine queue",
+    "prefill_ms": "prefill",
+    "decode_ms": "decode",
+    "backend_other_ms": "backend other",
+    "gateway_ms": "gateway",
+}
+#: A request saw no engine queue when it waited there at most this long, or this share
+#: of its prefill, whichever is more: an engine's bookkeeping between steps is not a queue.
+NO_QUEUE_MS = 20.0
+NO_QUEUE_SHARE = 0.1
+#: Ends this close to a dispatch count as before it: the gateway frees a slot, then
+#: gives it to the next request; the two moments, derived from two lines' timestamps
+#: (µs) and durations (µs), may tie or cross by a rounding.
+HANDOVER_S = 1e-5
+#: An in-flight count is judged once this many requests were sent at it ...
+SLOT_MIN_SAMPLES = 3
+#: ... and counts as queueing when more than this share of them queued in the engine.
+SLOT_QUEUED_SHARE = 0.1
+#: The bands of the per-percentile bars: (label, from, to) in percent of a lane's
+#: requests ranked by their measure; the last is the tail the default verdict reads.
+BANDS: tuple[tuple[str, float, float], ...] = (
+    ("<P50", 0, 50),
+    ("P50-P90", 50, 90),
+    ("P90-P99", 90, 99),
+    ("≥P99", 99, 100),
+)
+SLOT_RULE = (
+    f"in flight = the backend's requests dispatched (arrival + ttft_ms − backend_ttft_ms, "
+    f"else + queue_ms) and not ended when each was sent, itself included; a request queued "
+    f"in the engine when engine_queue_ms > {NO_QUEUE_MS:g} ms and > {NO_QUEUE_SHARE:.0%} of "
+    f"its prefill; a count is judged with ≥ {SLOT_MIN_SAMPLES} requests and queues when more "
+    f"than {SLOT_QUEUED_SHARE:.0%} of them did; advised max_concurrency = the highest "
+    f"queue-free count below the lowest queueing one"
+)
+
+
+def has_engine_fields(records: Iterable[Record]) -> bool:
+    """Whether the log carries the engine split at all (null values count: the field is there)."""
+    return any(field in record for record in records for field in ENGINE_FIELDS)
+
+
+def engine_parts(record: Record, measure: str, backend_ms: float) -> dict[str, Any]:
+    """The backend's share of one request's measure, split as the engine accounted for it."""
+    parts = {
+        "engine_queue_ms": number(record, "engine_queue_ms") or 0.0,
+        "prefill_ms": number(record, "prefill_ms") or 0.0,
+        "decode_ms": (number(record, "decode_ms") or 0.0) if measure == "e2e_ms" else 0.0,
+    }
+    known = sum(parts.values())
+    if known > backend_ms:
+        scale = backend_ms / known
+        parts = {part: value * scale for part, value in parts.items()}
+    source = record.get("timing_source")
+    return {
+        **parts,
+        "backend_other_ms": max(0.0, backend_ms - sum(parts.values())),
+        "timing_source": source if isinstance(source, str) and source else None,
+    }
+
+
+def four_part_verdict(sums: dict[str, float], threshold: float) -> str | None:
+    """The verdict from the four parts, or None when most backend time has no split.
+
+    The seed's order of questions: first whether the delay is waiting (either
+    queue) or work (prefill, decode); then which queue, or which work. The
+    gateway's own time comes first, as in the two-part verdict.
+    """
+    queue, engine_queue = sums["queue_ms"], sums["engine_queue_ms"]
+    prefill, decode, other = sums["prefill_ms"], sums["decode_ms"], sums["backend_other_ms"]
+    backend = engine_queue + prefill + decode + other
+    gateway = sums.get("gateway_in_path_ms", 0.0)
+    if gateway > 0 and gateway > queue and gateway > backend:
+        return "gateway"
+    total = queue + backend
+    if total <= 0:
+        return "unknown"
+    if other > engine_queue + prefill + decode:
+        return None
+    if (queue + engine_queue) / total > threshold:
+        return "queueing" if queue >= engine_queue else "engine_queue"
+    return "prefill" if prefill >= decode else "decode"
+
+
+def band_splits(ranked: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The mean parts of the requests in each percentile band (ranked slowest first)."""
+    ordered = list(reversed(ranked))
+    n = len(ordered)
+    out = []
+    for label, low, high in BANDS:
+        start = int(n * low / 100)
+        stop = n if high >= 100 else int(n * high / 100)
+        band = ordered[start:stop]
+        if not band:
+            continue
+        row: dict[str, Any] = {
+            "band": label,
+            "from_pct": low,
+            "to_pct": high,
+            "requests": len(band),
+        }
+        row["mean_total_ms"] = rounded(sum(b["total_ms"] for b in band) / len(band))
+        for part in (*PARTS, "backend_ms"):
+            row[part] = rounded(sum(b[part] for b in band) / len(band))
+        out.append(row)
+    return out
+
+
+def sources(items: Iterable[dict[str, Any] | Record]) -> dict[str, int]:
+    """How many of these came with each timing_source ("none" for null), most first."""
+    counts = Counter(
+        s if isinstance(s := item.get("timing_source"), str) and s else "none" for item in items
+    )
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# ----------------------------------------------------------------------------- slots
+
+
+def queued_in_engine(record: Record) -> bool | None:
+    """Whether it waited in the engine's queue (beyond bookkeeping); None when unknown."""
+    wait = number(record, "engine_queue_ms")
+    if wait is None:
+        return None
+    return wait > max(NO_QUEUE_MS, NO_QUEUE_SHARE * (number(record, "prefill_ms") or 0.0))
+
+
+def backend_slots(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """Per backend: requests by how many were in flight when each was sent, and the advice."""
+    spans: dict[str, list[tuple[float, float, Record]]] = defaultdict(list)
+    for record in records:
+        backend, start, stop = record.get("backend"), dispatched_s(record), end_s(record)
+        if isinstance(backend, str) and start is not None and stop is not None and stop >= start:
+            spans[backend].append((start, stop, record))
+    return {backend: _slots(spans[backend]) for backend in sorted(spans)}
+
+
+def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
+    starts = sorted(start for start, _, _ in spans)
+    stops = sorted(stop for _, stop, _ in spans)
+    by_count: dict[int, list[Record]] = defaultdict(list)
+    for start, _, record in spans:
+        # Sent before or with it and not ended by then, itself included. A request that
+        # ended as this one was sent (to the µs the log keeps) handed its slot over.
+        in_flight = bisect.bisect_right(starts, start) - bisect.bisect_right(
+            stops, start + HANDOVER_S
+        )
+        by_count[max(1, in_flight)].append(record)
+    table: dict[int, dict[str, Any]] = {}
+    for count in sorted(by_count):
+        known = [r for r in by_count[count] if queued_in_engine(r) is not None]
+        queued = sum(bool(queued_in_engine(r)) for r in known)
+        waits = [w for r in known if (w := number(r, "engine_queue_ms")) is not None]
+        table[count] = {
+            "requests": len(by_count[count]),
+            "with_engine_queue_ms": len(known),
+            "queued": queued,
+            "p90_engine_queue_ms": rounded(percentile(waits, 90)),
+        }
+    judged = {c: row for c, row in table.items() if row["with_engine_queue_ms"] >= SLOT_MIN_SAMPLES}
+    queueing = [
+        c
+        for c, row in judged.items()
+        if row["queued"] > SLOT_QUEUED_SHARE * row["with_engine_queue_ms"]
+    ]
+    first_queued = min(queueing) if queueing else None
+    free = [c for c in judged if first_queued is not None and c < first_queued]
+    advised = max(free) if free else None
+    if first_queued is None:
+        note = "no in-flight count queued in the engine"
+    elif advised is None and first_queued == 1:
+        note = "requests queued in the engine even when sent alone (is it shared with others?)"
+    elif advised is None:
+        note = f"too few requests sent at fewer than {first_queued} in flight to judge"
+    else:
+        note = None
+    return {
+        "requests": len(spans),
+        "max_in_flight": max(table) if table else None,
+        "first_queued_in_flight": first_queued,
+        "advised_max_concurrency": advised,
+        "note": note,
+        "by_in_flight": {str(c): row for c, row in table.items()},
+    }

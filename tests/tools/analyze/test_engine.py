@@ -1,0 +1,187 @@
+"""The four-part verdict: gateway queue, engine queue, prefill, decode, and the slots a backend batches.
+
+The logs come from `support.engine_run`, a gateway with N slots in front of an
+engine that batches M, both first come first served: what the gateway sends
+beyond M waits in the engine, so the answer is known before the analyzer runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.tools.analyze import analyze, format_report
+from gateway.tools.analyze.analyzer import TWO_PART_NOTE
+from gateway.tools.analyze.engine import (
+    ENGINE_FIELDS,
+    backend_slots,
+    engine_parts,
+    four_part_verdict,
+)
+from tests.tools.analyze.support import bursts, engine_run
+
+#: Twenty bursts of eight requests 50 ms apart, one every 3 s: the engine has 4 seats.
+BURSTS = bursts(20, 8, every_s=3.0, spacing_s=0.05)
+
+
+def test_a_tail_waiting_in_the_engine_gets_the_max_concurrency_it_batches() -> None:
+    """8 slots in front of an engine that batches 4: the 5th to 8th of each burst wait in it."""
+    lines = engine_run(BURSTS, gateway_slots=8, engine_slots=4, prefill_s=0.1, decode_s=1.0)
+    analysis = analyze(lines, tail_fraction=0.1)
+    tail = analysis["lanes"]["interactive"]["tail"]
+    assert tail["split"] == "four" and tail["split_note"] is None
+    assert tail["verdict"] == "engine_queue"
+    assert tail["parts"]["engine_queue_ms"] == {"mean_ms": 900.0, "share": pytest.approx(0.9, 1e-3)}
+    assert tail["parts"]["prefill_ms"]["mean_ms"] == 100.0
+    assert tail["parts"]["queue_ms"]["mean_ms"] == 0.0
+    assert tail["timing_sources"] == {"engine": 16}
+    assert tail["engine_queue_advice"] == [
+        {
+            "backend": "b0",
+            "tail_engine_queue_ms": 16 * 900.0,
+            "max_in_flight": 8,
+            "first_queued_in_flight": 5,
+            "advised_max_concurrency": 4,
+            "note": None,
+        }
+    ]
+    assert tail["verdict_text"] == (
+        "engine-queue-bound → the backend has more slots than it batches: lower "
+        "max_concurrency (b0: 8 → 4)"
+    )
+    slots = analysis["backends"]["b0"]["by_in_flight"]
+    assert [slots[str(n)]["queued"] for n in range(1, 9)] == [0] * 4 + [20] * 4
+
+    report = format_report(analysis)
+    assert max(len(line) for line in report.splitlines()) <= 100
+    prose = " ".join(report.split())
+    assert "interactive: engine-queue-bound → the backend has more slots than it batches" in prose
+    assert "engine queue 900.0 (90%), prefill 100.0 (10%)" in prose
+    assert "timings of the slowest: engine 16" in prose
+    assert (
+        "b0: up to 8 in flight when requests were sent; none queued in the engine at ≤ 4, "
+        "queued from 5: set its max_concurrency to 4"
+    ) in prose
+    assert "TIME SPLIT per lane and percentile band" in report
+
+
+def test_the_advised_value_moves_the_wait_into_the_gateways_queue() -> None:
+    """The same bursts with max_concurrency 4: no engine queue, the wait is the gateway's."""
+    lines = engine_run(BURSTS, gateway_slots=4, engine_slots=4, prefill_s=0.1, decode_s=1.0)
+    analysis = analyze(lines, tail_fraction=0.1)
+    tail = analysis["lanes"]["interactive"]["tail"]
+    assert tail["verdict"] == "queueing"
+    assert tail["parts"]["engine_queue_ms"]["mean_ms"] == 0.0
+    assert tail["parts"]["queue_ms"]["mean_ms"] == pytest.approx(900.0, abs=1)  # 0.2 s → 1.1 s
+    assert analysis["backends"]["b0"]["max_in_flight"] == 4
+    assert analysis["backends"]["b0"]["advised_max_concurrency"] is None
+
+
+def test_a_slow_prefill_is_not_a_queue() -> None:
+    """Long prompts on an idle engine: 2 s of prefill, 0.2 s of decode, nothing queued."""
+    lines = engine_run(
+        [3.0 * i for i in range(50)], gateway_slots=4, engine_slots=4, prefill_s=2.0, decode_s=0.2
+    )
+    tail = analyze(lines)["lanes"]["interactive"]["tail"]
+    assert tail["verdict"] == "prefill"
+    assert tail["verdict_text"].startswith("prefill-bound → the model is slow for this prompt size")
+    assert tail["parts"]["prefill_ms"]["share"] == pytest.approx(1.0, abs=1e-3)
+    assert tail["engine_queue_advice"] == []
+
+
+def test_long_outputs_are_decode_bound_and_a_first_token_comes_before_decode() -> None:
+    arrivals = [5.0 * i for i in range(30)]
+    whole = engine_run(
+        arrivals, gateway_slots=4, engine_slots=4, prefill_s=0.05, decode_s=3.0, stream=False
+    )
+    tail = analyze(whole)["lanes"]["interactive"]["tail"]
+    assert tail["measures"] == {"e2e_ms": 1}
+    assert tail["verdict"] == "decode"
+    assert tail["verdict_text"].startswith("decode-bound → outputs are long")
+    assert tail["parts"]["decode_ms"]["mean_ms"] == 3000.0
+    # Streamed, the same requests are judged by TTFT, which ends before decode starts.
+    streamed = engine_run(arrivals, gateway_slots=4, engine_slots=4, prefill_s=0.05, decode_s=3.0)
+    tail = analyze(streamed)["lanes"]["interactive"]["tail"]
+    assert tail["verdict"] == "prefill" and tail["parts"]["decode_ms"]["mean_ms"] == 0.0
+
+
+def test_an_older_log_keeps_the_two_part_verdict_and_says_so() -> None:
+    lines = engine_run(BURSTS, gateway_slots=8, engine_slots=4, prefill_s=0.1, decode_s=1.0)
+    for line in lines:
+        for field in (*ENGINE_FIELDS, "timing_source"):
+            del line[field]
+    analysis = analyze(lines, tail_fraction=0.1)
+    tail = analysis["lanes"]["interactive"]["tail"]
+    assert analysis["engine_split"] is False and "backends" not in analysis
+    assert tail["split"] == "two" and tail["split_note"] == TWO_PART_NOTE["no_fields"]
+    assert tail["verdict"] == "backend"
+    assert tail["verdict_text"] == "backend-bound → capacity or request size"
+    report = format_report(analysis)
+    assert "two-part verdict: this log has no engine_queue_ms / prefill_ms / decode_ms" in report
+    assert "TIME SPLIT" not in report
+
+
+def test_a_tail_without_engine_timings_falls_back_too() -> None:
+    """The fields are there but null (a backend that reported nothing, no estimate)."""
+    lines = engine_run(BURSTS, gateway_slots=8, engine_slots=4, prefill_s=0.1, decode_s=1.0)
+    for line in lines:
+        line.update(dict.fromkeys(ENGINE_FIELDS), timing_source=None)
+    tail = analyze(lines, tail_fraction=0.1)["lanes"]["interactive"]["tail"]
+    assert tail["split"] == "two" and tail["split_note"] == TWO_PART_NOTE["no_split"]
+    assert tail["verdict"] == "backend" and tail["timing_sources"] == {"none": 16}
+    assert "two-part verdict: most of the slowest" in format_report(analyze(lines))
+
+
+def test_engine_parts_add_up_to_the_backend_time() -> None:
+    line = {"engine_queue_ms": 300.0, "prefill_ms": 300.0, "decode_ms": 50.0}
+    # An estimate that overshoots the 400 ms measured is scaled down to it.
+    parts = engine_parts(line | {"timing_source": "estimate"}, "ttft_ms", 400.0)
+    assert parts == {
+        "engine_queue_ms": 200.0,
+        "prefill_ms": 200.0,
+        "decode_ms": 0.0,  # TTFT ends at the first token
+        "backend_other_ms": 0.0,
+        "timing_source": "estimate",
+    }
+    parts = engine_parts(line, "e2e_ms", 1000.0)
+    assert parts["decode_ms"] == 50.0 and parts["backend_other_ms"] == 350.0
+    assert engine_parts({}, "ttft_ms", 10.0)["backend_other_ms"] == 10.0
+
+
+def test_four_part_verdict_asks_wait_or_work_first() -> None:
+    def kind(**parts: float) -> str | None:
+        base = dict.fromkeys(("queue_ms", "engine_queue_ms", "prefill_ms", "decode_ms"), 0.0)
+        return four_part_verdict(base | {"backend_other_ms": 0.0} | parts, 0.5)
+
+    # 30 + 30 waiting of 100: the queues together dominate; the gateway's is the larger.
+    assert kind(queue_ms=31, engine_queue_ms=30, prefill_ms=39) == "queueing"
+    assert kind(queue_ms=20, engine_queue_ms=40, prefill_ms=40) == "engine_queue"
+    assert kind(queue_ms=10, engine_queue_ms=30, prefill_ms=40, decode_ms=20) == "prefill"
+    assert kind(engine_queue_ms=10, prefill_ms=10, decode_ms=80) == "decode"
+    assert kind(prefill_ms=10, backend_other_ms=90) is None  # mostly unsplit: two-part
+    assert kind() == "unknown"
+    assert kind(queue_ms=1, prefill_ms=1, gateway_in_path_ms=5) == "gateway"
+
+
+def test_slots_say_why_there_is_no_figure() -> None:
+    alone = engine_run(
+        [2.0 * i for i in range(10)], gateway_slots=2, engine_slots=2, prefill_s=0.1, decode_s=0.1
+    )
+    for line in alone:  # the engine is busy with someone else's work: it queues everyone
+        line["engine_queue_ms"] = 500.0
+    slots = backend_slots(alone)["b0"]
+    assert slots["first_queued_in_flight"] == 1 and slots["advised_max_concurrency"] is None
+    assert "even when sent alone" in slots["note"]
+    calm = engine_run(BURSTS, gateway_slots=4, engine_slots=4, prefill_s=0.1, decode_s=1.0)
+    slots = backend_slots(calm)["b0"]
+    assert slots["advised_max_concurrency"] is None
+    assert slots["note"] == "no in-flight count queued in the engine"
+
+
+def test_bands_split_the_ranking_and_the_top_one_is_the_tail() -> None:
+    lines = engine_run(BURSTS, gateway_slots=8, engine_slots=4, prefill_s=0.1, decode_s=1.0)
+    tail = analyze(lines)["lanes"]["interactive"]["tail"]
+    bands = {band["band"]: band for band in tail["bands"]}
+    assert [bands[b]["requests"] for b in ("<P50", "P50-P90", "P90-P99", "≥P99")] == [80, 64, 14, 2]
+    assert bands["<P50"]["engine_queue_ms"] == 0.0 and bands["<P50"]["prefill_ms"] == 100.0
+    assert bands["≥P99"]["engine_queue_ms"] == 900.0
+    assert bands["≥P99"]["requests"] == tail["size"]
