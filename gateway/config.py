@@ -307,7 +307,8 @@ class RetrySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     max_remembered: Annotated[int, _rule("be from 0 to 10000000 (0: off)", ge=0, le=10_000_000)] = (
         100_000
     )
-    #: Refuse at once a retry that comes before its earlier refusal's Retry-After, when
+    #: Refuse at once a retry that comes before its earlier refusal's Retry-After (for
+    #: capacity: queue_full, wait_too_long, queue_timeout, no_backend), when
     #: the sender is one the client named (key, tenant, session, `user`) or it reused
     #: its x-request-id. Off: retries are only seen (logged and counted).
     damp: bool = True

@@ -16,9 +16,10 @@ passes the client's id or makes a unique one). A request seen while the earlier 
 still in flight (a client that timed out and tried again while the gateway still
 serves the first) is a retry of it, with `retried_outcome` "in_flight" and no gap.
 
-Damping: a retry that comes before the `Retry-After` its earlier refusal was given is
-refused again at once, with the same code and the time left, and never takes a place
-in the queue; the copies a storm sends cost a dictionary lookup, not a queue slot
+Damping: a retry that comes before the `Retry-After` its earlier refusal for capacity
+was given (`queue_full`, `wait_too_long`, `queue_timeout`, `no_backend`) is refused
+again at once, with the same code and the time left, and never takes a place in the
+queue; the copies a storm sends cost a dictionary lookup, not a queue slot
 and a prediction. It is conservative, since refusing someone else's request would be
 a wrong refusal: it applies only when the bodies are the same bytes and the sender is
 one the client named (a key, a tenant, a session, a `user`) or the client reused its
@@ -54,6 +55,11 @@ IN_FLIGHT = "in_flight"
 #: A retry this close (seconds) before its Retry-After ran out is not damped: a client
 #: that waited measured its wait from another moment than the gateway did.
 DAMP_GRACE_S = 0.25
+#: The refusals a retry that comes too soon gets again: those of capacity (the lanes'
+#: queues, the backends), whose copies would otherwise be measured and scheduled. Not
+#: `quota_exceeded`: the quota is its own authority, checked in one atomic step before
+#: any queue, and its answers carry the x-ratelimit-* headers a damped copy would lack.
+DAMPED_CODES = frozenset({"queue_full", "wait_too_long", "queue_timeout", "no_backend"})
 #: Bytes one remembered entry holds (see the module's docstring).
 BYTES_PER_ENTRY = 340
 
@@ -226,7 +232,12 @@ class RetryMemory:
         if earlier.outcome == IN_FLIGHT:
             return Retry(earlier.request_id, None, IN_FLIGHT, earlier.lane)
         damp_s = None
-        if self.damp and damp and earlier.retry_until is not None:
+        if (
+            self.damp
+            and damp
+            and earlier.retry_until is not None
+            and earlier.outcome in DAMPED_CODES
+        ):
             left = earlier.retry_until - now
             if left > DAMP_GRACE_S:
                 damp_s = left

@@ -17,7 +17,7 @@ from gateway.admission.retries import (
     fingerprint,
     retried_outcome,
 )
-from gateway.outcomes import Outcome, QuotaExceeded, WaitTooLong
+from gateway.outcomes import NoBackend, Outcome, QueueTimeout, WaitTooLong
 
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
 
@@ -32,10 +32,15 @@ def served(memory: RetryMemory, fp: Fingerprint, rid: str, at: float, end: float
 
 
 def refused(
-    memory: RetryMemory, fp: Fingerprint, rid: str, at: float, retry_after_s: float
+    memory: RetryMemory,
+    fp: Fingerprint,
+    rid: str,
+    at: float,
+    retry_after_s: float,
+    code: str = "wait_too_long",
 ) -> None:
     seen, _ = memory.arrive(fp, rid, at)
-    memory.end(seen, "wait_too_long", retry_after_s, "interactive", at)
+    memory.end(seen, code, retry_after_s, "interactive", at)
 
 
 def test_the_same_body_from_the_same_tenant_within_the_window_is_a_retry() -> None:
@@ -187,12 +192,16 @@ def test_with_damping_off_retries_are_only_seen() -> None:
     assert retry is not None and retry.outcome == "wait_too_long" and retry.damp_s is None
 
 
-def test_a_quota_refusal_is_damped_as_a_quota_refusal() -> None:
+def test_capacity_refusals_are_damped_with_their_own_kind_a_quota_is_not() -> None:
     memory = RetryMemory(60.0, 100)
-    seen, _ = memory.arrive(of(), "q1", 0.0)
-    memory.end(seen, "quota_exceeded", 30.5, None, 0.0)
+    for code, kind in (("queue_timeout", QueueTimeout), ("no_backend", NoBackend)):
+        refused(memory, of(body=code.encode()), "c1", 0.0, retry_after_s=10.0, code=code)
+        _, retry = memory.arrive(of(body=code.encode()), "c2", 1.0)
+        assert retry is not None and isinstance(retry.refusal(), kind)
+    # The quota answers every request itself, with its x-ratelimit-* headers: only seen.
+    refused(memory, of(), "q1", 0.0, retry_after_s=30.5, code="quota_exceeded")
     _, retry = memory.arrive(of(), "q2", 0.5)
-    assert retry is not None and isinstance(retry.refusal(), QuotaExceeded)
+    assert retry is not None and retry.outcome == "quota_exceeded" and retry.refusal() is None
 
 
 def test_zero_window_or_entries_turn_it_off() -> None:
