@@ -99,5 +99,10 @@ bench-cache: $(STAMP)
 bench-replicas: $(STAMP)
 	$(PY) scripts/bench_replicas.py $(ARGS)
 
+.PHONY: bench-retry-storm
+## bench-retry-storm: 30% of clients retry refusals at once at 120% load, retry damping off vs on, side by side, ~2.5 min
+bench-retry-storm: $(STAMP)
+	$(PY) scripts/bench_retry_storm.py $(ARGS)
+
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -13,6 +13,7 @@ import tiktoken
 from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
+from gateway.admission.retries import RetryMemory
 from gateway.admission.tenants import Tenants
 from gateway.admission.tokens import TokenCounter, load_encoding
 from gateway.config import Settings
@@ -99,6 +100,11 @@ def build_app(
         sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes),
         shadow=ShadowMirror(
             settings.shadow, settings.timeouts, scheduler=scheduler, metrics=metrics, events=events
+        ),
+        retries=RetryMemory(
+            settings.retries.window_s,
+            settings.retries.max_remembered,
+            damp=settings.retries.damp,
         ),
     )
     health.after_round = state.sizer.round

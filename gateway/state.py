@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.admission.auth import ClientKeys
+from gateway.admission.retries import RetryMemory
 from gateway.admission.tenants import Tenants
 from gateway.admission.tokens import TokenCounter
 from gateway.config import LimitsSettings, Settings
@@ -51,6 +52,8 @@ class GatewayState:
     sizer: BackendSizer
     #: Mirrors sampled requests to a candidate backend ([shadow]); off without a url.
     shadow: ShadowMirror
+    #: Fingerprints of recent requests, to tell retries from new work ([retries]).
+    retries: RetryMemory
     #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
     #: says "not ready": the first requests should meet deadlines fitted to the engine.
     warming_up: bool = False

@@ -94,6 +94,31 @@ def retry_after_section(settings: Settings) -> list[str]:
         "not retry a 4xx other than 408 and 429 unchanged: it fails again. The `openai` "
         "SDKs already retry 408, 429 and 5xx (twice by default) and honour Retry-After; "
         "do not wrap another unbounded loop around them.",
+        *_damping(settings),
+    ]
+
+
+def _damping(settings: Settings) -> list[str]:
+    """What a retry that comes too soon gets ([retries]); nothing when it is off."""
+    retries = settings.retries
+    if not (retries.damp and retries.window_s > 0 and retries.max_remembered > 0):
+        return []
+    tenant_header = (
+        f"{code(settings.tenants.header)}, " if settings.tenants.source == "header" else ""
+    )
+    return [
+        "",
+        "**A retry that comes too soon is refused again at once.** The gateway remembers "
+        f"each request for {seconds(retries.window_s)} after its end (who sent it and a "
+        "hash of its body, never the body). The same request again (the same body bytes "
+        f"from the same API key, {tenant_header}`x-session-id` or body `user`, or your own "
+        "`x-request-id` sent again) before the `Retry-After` of its `queue_full`, "
+        "`wait_too_long`, `queue_timeout` or `no_backend` refusal gets "
+        "the same code and status at once, with `Retry-After` the time left, and takes no "
+        "place in the queue; its message says which request it repeats. A client that "
+        "waits its `Retry-After` is never affected. A request with no such identity (the "
+        "same body from the same address: two people behind one proxy may send the same "
+        "text) is never refused for this.",
     ]
 
 

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from gateway.admission.admit import Admission, RequestShape, admit, calibrated
 from gateway.admission.deadline import DEADLINE_HEADER, client_deadline_s
+from gateway.admission.retries import Fingerprint, Retry, Seen, fingerprint, retried_outcome
 from gateway.dialects.base import Dialect
 from gateway.fleet.leases import leased
 from gateway.fleet.quotas import QuotaReservation
@@ -67,18 +68,24 @@ _ID_PREFIX = os.urandom(8).hex()
 _id_counter = itertools.count()
 
 
-def request_id_of(request: web.Request) -> str:
-    """The client's x-request-id when it is sane, else a new one."""
+def client_request_id(request: web.Request) -> str | None:
+    """The client's own x-request-id when it sent a sane one."""
     given = request.headers.get("x-request-id")
     if given and len(given) <= MAX_REQUEST_ID_LENGTH and given.isprintable():
         return given
-    return f"{_ID_PREFIX}{next(_id_counter):016x}"
+    return None
+
+
+def request_id_of(request: web.Request) -> str:
+    """The client's x-request-id when it is sane, else a new one."""
+    return client_request_id(request) or f"{_ID_PREFIX}{next(_id_counter):016x}"
 
 
 async def read_json_object(
     request: web.Request, max_bytes: int, read_timeout_s: float = 30.0
-) -> dict[str, object]:
-    """The body as a JSON object; 413 before reading when it is too big, 400 when not JSON.
+) -> tuple[dict[str, object], bytes]:
+    """The body as a JSON object, and its bytes; 413 before reading when it is too big,
+    400 when not JSON.
 
     A body declared as something other than JSON gets 415; no Content-Type at all
     is read as JSON (some minimal clients send none). The decoder is strict UTF-8
@@ -114,7 +121,7 @@ async def read_json_object(
         raise InvalidRequest("The request body is not valid JSON.") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    return body
+    return body, raw
 
 
 def _is_json_type(header: str, request: web.Request) -> bool:
@@ -242,6 +249,34 @@ def relay_plan(
     )
 
 
+def retry_fingerprint(
+    request: web.Request, raw: bytes, body: dict[str, object], record: RequestRecord
+) -> Fingerprint:
+    """Who sent this request and a hash of its bytes (`admission/retries.py` says why)."""
+    headers = request.headers
+    return fingerprint(
+        raw,
+        client=record.client,
+        tenant=record.tenant,
+        session=headers.get(SESSION_HEADER),
+        user=body.get("user"),
+        peer=request.remote,
+        forwarded=headers.get("X-Forwarded-For"),
+        request_id=client_request_id(request),
+    )
+
+
+def note_retry(record: RequestRecord, retry: Retry) -> Refusal | None:
+    """Stamp a retry on its record; the refusal it gets at once when it is damped."""
+    record.retry_of, record.retry_gap_ms = retry.of, retry.gap_ms
+    record.retried_outcome = retry.outcome
+    refusal = retry.refusal()
+    if refusal is not None:
+        record.retry_damped = True
+        record.lane = retry.lane  # the lane its copy was refused in: same body, same lane
+    return refusal
+
+
 def served_tokens(record: RequestRecord) -> tuple[int, int]:
     """What the engine did for a request, its tenant's charge: the prompt's uncached part
     (as the backend reported its cache, else as routing expected it) and the output
@@ -280,6 +315,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
     quota: QuotaReservation | None = None
     prefill_timer: asyncio.TimerHandle | None = None
     early: EarlyStream | None = None
+    seen: Seen | None = None
     try:
         if state.draining:
             raise shutting_down()
@@ -287,9 +323,16 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         if client is not None:
             record.client = client.name
         server = state.settings.server
-        body = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
+        body, raw = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
         tenant = state.tenants.identify(client, request.headers, body)
         record.tenant, record.tenant_weight = tenant.name, tenant.weight
+        if state.retries.enabled:
+            seen, retry = state.retries.arrive(
+                retry_fingerprint(request, raw, body, record), record.request_id, record.arrival
+            )
+            damped = None if retry is None else note_retry(record, retry)
+            if damped is not None:
+                raise damped
         shape = await dialect.measure(body, state.limits, state.counter)
         record.model = shape.model
         record.stream = shape.stream
@@ -438,4 +481,12 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 state.scheduler.release(grant, *served_tokens(record))
                 record.cost_tokens = grant.cost
         state.quotas.give_back(quota, record)  # in the background: never delays the answer
+        if seen is not None:
+            state.retries.end(
+                seen,
+                retried_outcome(record.outcome, record.error_code),
+                record.retry_after_s,
+                record.lane,
+                record.end if record.end is not None else clock(),
+            )
         state.finish(record)

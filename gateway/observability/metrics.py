@@ -140,9 +140,26 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        # Retries (admission/retries.py): requests that repeat one seen shortly before, by
+        # what the earlier one got (its refusal code, its outcome, or in_flight), and
+        # those refused at once for coming before its Retry-After.
+        self.client_retries = Counter(
+            "gateway_client_retries",
+            "Requests that repeat one seen shortly before (same sender and body, or the "
+            "same x-request-id), by lane and what the earlier one got (after).",
+            ["lane", "after"],
+            registry=r,
+        )
+        self.retries_damped = Counter(
+            "gateway_client_retries_damped",
+            "Retries refused at once for coming before their earlier refusal's Retry-After.",
+            ["lane"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
+        self._retry_counters: dict[tuple[str, str], Any] = {}
         self._cache_counters: dict[str, tuple[Any, Any]] = {}
         self._lane_series: dict[str, _LaneSeries] = {}
 
@@ -154,6 +171,8 @@ class GatewayMetrics:
             counter = self.requests.labels(key[0], key[1], str(record.status or 0))
             self._request_counters[key] = counter
         counter.inc()
+        if record.retried_outcome is not None:
+            self._observe_retry(lane or "none", record.retried_outcome, record.retry_damped)
         if lane is None:
             return
         series = self._lane_series.get(lane)
@@ -174,6 +193,14 @@ class GatewayMetrics:
             series.completion_tokens.inc(record.completion_tokens)
         if record.backend is not None and record.routed_by is not None:
             self._observe_routing(record.backend, record.routed_by, record)
+
+    def _observe_retry(self, lane: str, after: str, damped: bool) -> None:
+        retries = self._retry_counters.get((lane, after))
+        if retries is None:
+            retries = self._retry_counters[(lane, after)] = self.client_retries.labels(lane, after)
+        retries.inc()
+        if damped:
+            self.retries_damped.labels(lane).inc()
 
     def _observe_routing(self, backend: str, reason: str, record: RequestRecord) -> None:
         decisions = self._routing_counters.get((backend, reason))

@@ -94,6 +94,14 @@ class RequestRecord:
     first_byte: float | None = None
     first_token: float | None = None
     end: float | None = None
+    #: When it repeats a request seen shortly before (`admission/retries.py`): that one's
+    #: request_id, the milliseconds from its end to this arrival (None while it was in
+    #: flight) and what it got (its refusal code, else its outcome; "in_flight").
+    retry_of: str | None = None
+    retry_gap_ms: float | None = None
+    retried_outcome: str | None = None
+    #: Refused at once because it came before its earlier refusal's Retry-After.
+    retry_damped: bool = False
     #: Its W3C trace context: the client's trace (or a new one) and what the backend is sent.
     trace: TraceContext | None = None
 
@@ -162,5 +170,9 @@ class RequestRecord:
             "ttft_ms": self.ttft_ms,
             "tpot_ms": self.tpot_ms,
             "e2e_ms": self.e2e_ms,
+            "retry_of": self.retry_of,
+            "retry_gap_ms": self.retry_gap_ms,
+            "retried_outcome": self.retried_outcome,
+            "retry_damped": self.retry_damped,
             "trace_id": None if self.trace is None else self.trace.trace_id,
         }

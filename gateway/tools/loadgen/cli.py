@@ -111,9 +111,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--backoff", type=float, default=0.5, help="backoff base, s; full jitter, doubling (0.5)"
     )
     client.add_argument("--max-backoff", type=float, default=10.0, help="backoff cap, s (10)")
+    client.add_argument(
+        "--eager-retry-share",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of requests whose client retries at once: no backoff, Retry-After "
+        "ignored (a retry storm; 0)",
+    )
+    client.add_argument(
+        "--eager-retries",
+        type=int,
+        metavar="N",
+        help="retries of those requests (default: --retries)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write per-request results and summaries")
     out.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def retry_policy(args: argparse.Namespace) -> RetryPolicy:
+    """The clients' retries as the flags say (ValueError on a bad one)."""
+    eager = None if args.eager_retries is None else args.eager_retries + 1
+    return RetryPolicy(
+        args.retries + 1,
+        args.backoff,
+        args.max_backoff,
+        eager_share=args.eager_retry_share,
+        eager_attempts=eager,
+    )
 
 
 def _mix(args: argparse.Namespace) -> list[TrafficClass]:
@@ -192,7 +218,7 @@ async def _run_conversations(
             await run_conversations(
                 target,
                 plan,
-                retry=RetryPolicy(args.retries + 1, args.backoff, args.max_backoff),
+                retry=retry_policy(args),
                 timeout_s=args.timeout,
                 model=args.model,
                 extra_body={"ignore_eos": True} if args.ignore_eos else None,
@@ -224,7 +250,7 @@ def _main_conversations(
 async def _run_all(
     args: argparse.Namespace, targets: list[str], schedule: list[PlannedRequest], mode: str
 ) -> list[RunResult]:
-    retry = RetryPolicy(args.retries + 1, args.backoff, args.max_backoff)
+    retry = retry_policy(args)
     extra_body = {"ignore_eos": True} if args.ignore_eos else None
     progress = not args.no_progress and sys.stderr.isatty()
     runs = []
@@ -250,6 +276,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.retries < 0 or args.timeout <= 0:
             raise ValueError("--retries must be >= 0 and --timeout > 0")
+        if args.eager_retries is not None and args.eager_retries < 0:
+            raise ValueError("--eager-retries must be >= 0")
+        retry_policy(args)  # the share's range
         if args.json and not Path(args.json).resolve().parent.is_dir():
             raise ValueError(f"--json {args.json}: no such directory")
         plan = _conversation_plan(args)

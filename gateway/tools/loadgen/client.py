@@ -31,17 +31,36 @@ MAX_ERROR_MESSAGE = 300
 
 @dataclass(slots=True)
 class RetryPolicy:
-    """Client retries: exponential backoff with full jitter, at least any `Retry-After`."""
+    """Client retries: exponential backoff with full jitter, at least any `Retry-After`.
+
+    `eager_share` of the requests (chosen by their index, the same in every run) stand
+    for the clients that retry at once, with no backoff and no regard for Retry-After,
+    up to `eager_attempts` attempts in all: what makes a retry storm.
+    """
 
     max_attempts: int = 1
     backoff_s: float = 0.5
     max_backoff_s: float = 10.0
+    eager_share: float = 0.0
+    #: Attempts in all of an eager request; None: `max_attempts`.
+    eager_attempts: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
+        if self.max_attempts < 1 or (self.eager_attempts is not None and self.eager_attempts < 1):
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError("backoff times must be >= 0")
+        if not 0.0 <= self.eager_share <= 1.0:
+            raise ValueError(f"eager_share must be from 0 to 1, got {self.eager_share}")
+
+    def eager(self, index: int) -> bool:
+        """Whether request `index` is sent by a client that retries at once."""
+        return self.eager_share > 0 and random.Random(index).random() < self.eager_share
+
+    def attempts(self, eager: bool) -> int:
+        if eager and self.eager_attempts is not None:
+            return self.eager_attempts
+        return self.max_attempts
 
     def delay_s(self, retry: int, retry_after_s: float | None, rng: random.Random) -> float:
         """Wait before retry number `retry` (1 for the first retry)."""
@@ -85,6 +104,8 @@ class RequestResult:
     #: The last `Retry-After` seen over all attempts, in seconds.
     retry_after_s: float | None = None
     attempts: int = 0
+    #: Sent by a client that retries at once, without backoff (`RetryPolicy.eager_share`).
+    eager: bool = False
     #: Last attempt's send → its 4xx/5xx answer: how fast the server said no.
     reject_ms: float | None = None
     #: A multi-turn conversation's id and 1-based turn (None for a request of its own).
@@ -214,12 +235,16 @@ class Client:
         keep_reply = messages is not None
         first_send = self.loop.time()
         result.sent_ms = (first_send - self.start) * 1000.0
+        result.eager = eager = self.retry.eager(planned.index)
         attempt = _Attempt()
         sent = first_send
         retry_after: float | None = None
-        for number in range(1, self.retry.max_attempts + 1):
+        for number in range(1, self.retry.attempts(eager) + 1):
             if number > 1:
-                await asyncio.sleep(self.retry.delay_s(number - 1, attempt.retry_after_s, self.rng))
+                if not eager:
+                    await asyncio.sleep(
+                        self.retry.delay_s(number - 1, attempt.retry_after_s, self.rng)
+                    )
                 sent = self.loop.time()
             attempt = await self._attempt(body, result.request_id, planned.conversation, keep_reply)
             result.attempts = number

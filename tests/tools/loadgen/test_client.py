@@ -111,6 +111,28 @@ async def test_retry_honours_retry_after(scripted: tuple[str, list[Handler], lis
     assert result.reject_ms is None and result.retry_after_s == 1.0
 
 
+async def test_an_eager_client_retries_at_once_ignoring_retry_after(
+    scripted: tuple[str, list[Handler], list[float]],
+) -> None:
+    url, script, arrivals = scripted
+    script += [envelope(429, "queue_full", {"Retry-After": "5"})] * 3 + [stream(2)]
+    retry = RetryPolicy(max_attempts=2, backoff_s=1.0, eager_share=1.0, eager_attempts=4)
+    run = await run_open_loop(url, [planned(max_tokens=2)], retry=retry, timeout_s=10)
+    (result,) = run.results
+    assert result.eager and result.ok and result.attempts == 4
+    assert arrivals[-1] - arrivals[0] < 0.5  # no backoff, no Retry-After wait
+
+
+def test_the_eager_share_picks_the_same_requests_every_run() -> None:
+    policy = RetryPolicy(eager_share=0.3)
+    picked = [i for i in range(1000) if policy.eager(i)]
+    assert picked == [i for i in range(1000) if RetryPolicy(eager_share=0.3).eager(i)]
+    assert 250 < len(picked) < 350
+    assert not any(RetryPolicy().eager(i) for i in range(100))
+    with pytest.raises(ValueError):
+        RetryPolicy(eager_share=1.5)
+
+
 async def test_error_code_from_envelope_without_retries(
     scripted: tuple[str, list[Handler], list[float]],
 ) -> None:
