@@ -1,16 +1,30 @@
-"""What one finished request teaches the gateway about the backend that served it.
+"""What one finished request teaches the gateway about the backend that served it, and
+where its time on that backend went.
 
 Called once per request that held a slot, before the slot is given back, so
 the backend's stream count is the one the request ran beside. Only clean
 samples teach: a stream that answered (not a retry, whose dispatch time is
 another backend's), not one that waited in the engine's own queue. A prompt
-partly served from the engine's cache teaches by the part it prefilled.
+partly served from the engine's cache teaches by the part it prefilled. The
+engine's own prefill time, when it reports one (llama.cpp's `timings`), is the
+cleanest sample of the prefill rate: neither the engine's queue nor the network
+is in it, so it teaches whatever the queue, and a whole answer teaches too.
+
+The split of its backend time (`split_time`) takes the engine's own report
+first, then the engine's latest histogram window, then the learned model
+(`engine_timings.py` says how each is read).
 """
 
 from __future__ import annotations
 
 from gateway.observability.record import RequestRecord
 from gateway.outcomes import Outcome
+from gateway.upstream.engine_timings import (
+    EngineTimings,
+    estimated,
+    from_report,
+    from_window,
+)
 from gateway.upstream.pool import Slot
 
 
@@ -18,8 +32,12 @@ def learn_from(record: RequestRecord, slot: Slot) -> None:
     model = slot.backend.model
     if record.outcome is not Outcome.OK or record.attempts > 1:
         return
+    sample = engine_prefill_sample(record, slot)
+    # The engine's own figure first: TTFT adds its queue and the network to it.
+    taught = sample is not None and model.observe_prefill(*sample)
     if (
-        record.stream
+        not taught
+        and record.stream
         and not slot.engine_queued
         and record.first_token is not None
         and record.dispatched is not None
@@ -48,3 +66,67 @@ def prefilled_tokens(record: RequestRecord, slot: Slot) -> int:
     if cached is not None and prompt:
         return round(slot.prompt_tokens * max(0.0, 1.0 - cached / prompt))
     return slot.prefill_tokens
+
+
+def engine_prefill_sample(record: RequestRecord, slot: Slot) -> tuple[int, float] | None:
+    """(prompt tokens it prefilled, in the gateway's count; seconds) as the engine itself
+    timed them; None when it did not. Its own token counts (llama.cpp's `prompt_n` and
+    `cache_n`) say which share of the prompt it prefilled."""
+    report = record.engine_report
+    if report is None or report.prefill_s is None:
+        return None
+    done = report.prefilled_tokens
+    whole = (
+        done + report.cached_tokens
+        if done is not None and report.cached_tokens is not None
+        else record.backend_prompt_tokens
+    )
+    if done is not None and whole:
+        return round(slot.prompt_tokens * min(1.0, done / whole)), report.prefill_s
+    return prefilled_tokens(record, slot), report.prefill_s
+
+
+def split_time(record: RequestRecord, slot: Slot) -> EngineTimings | None:
+    """Its backend time as engine queue, prefill and decode; None when no backend answered.
+
+    A retried request's dispatch time is the first backend's: only what the engine
+    itself reported is kept then, nothing derived from the gateway's clock.
+    """
+    dispatched = record.dispatched
+    if dispatched is None or record.first_byte is None or (record.status or 0) >= 300:
+        return None
+    model = slot.backend.model
+    retried = record.attempts > 1
+    first_token = None if retried else record.first_token
+    end = None if retried else (record.end if record.stream else record.first_byte)
+    ttft_s = None if first_token is None else first_token - dispatched
+    backend_s = None if end is None else end - dispatched
+    prefill_estimate_s = model.prefill_s(prefilled_tokens(record, slot))
+    if record.engine_report is not None:
+        split = from_report(
+            record.engine_report,
+            backend_ttft_s=ttft_s,
+            backend_s=backend_s,
+            prefill_estimate_s=prefill_estimate_s,
+        )
+        if split is not None:
+            return split
+    if retried:
+        return None
+    window = slot.backend.engine_window
+    if window is not None:
+        split = from_window(window, backend_ttft_s=ttft_s, backend_s=backend_s)
+        if split is not None:
+            return split
+    tokens = record.completion_tokens
+    decode_estimate_s = (
+        None
+        if tokens is None
+        else model.tpot_s(max(1, slot.backend.in_flight)) * max(0, tokens - 1)
+    )
+    return estimated(
+        prefill_estimate_s=prefill_estimate_s,
+        backend_ttft_s=ttft_s,
+        backend_s=backend_s,
+        decode_estimate_s=decode_estimate_s,
+    )

@@ -75,6 +75,7 @@ from gateway.outcomes import NoBackend, Outcome
 from gateway.scheduling.learning import BackendModel
 from gateway.scheduling.scheduler import Deferred
 from gateway.upstream.affinity import rendezvous_weight
+from gateway.upstream.engine_timings import WindowSplit
 from gateway.upstream.prefix_index import PrefixIndex
 
 #: Why a backend was chosen (the routing metric's label).
@@ -190,6 +191,9 @@ class Backend:
     engine_kv_usage: float | None = None
     #: While the engine reports a queue: the most requests it actually runs of ours.
     engine_limit: int | None = None
+    #: The mean split of the requests that ended in its engine's latest histogram window
+    #: (vLLM, SGLang), how a request without timings of its own is split; None: none.
+    engine_window: WindowSplit | None = None
     #: The context window the engine reports (tokens), when it does.
     engine_context_tokens: int | None = None
     #: The prompt prefixes sent here lately: what its engine probably has cached.

@@ -9,7 +9,9 @@ Every health-check round (and once at start) it
   length is refused at the door, with the same clarity;
 - reads each engine's own load (`telemetry.fetch_load`, its `/metrics`): while
   an engine reports requests waiting inside it, the pool sends it no more
-  than it runs (`Backend.note_engine_load`);
+  than it runs (`Backend.note_engine_load`); its request time histograms, against
+  the last scrape's, give the mean split of the requests that ended in between
+  (`Backend.engine_window`);
 - refits the lanes: slot limits from the backends' slots, and deadlines to the
   engine floor the backends' learned prefill rates imply (`fitting`), with a
   warning naming the numbers when a configured deadline is below it;
@@ -32,6 +34,7 @@ from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_we
 from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
 from gateway.scheduling.learning import changed_a_lot
 from gateway.scheduling.scheduler import LaneState, Scheduler
+from gateway.upstream.engine_timings import window_split
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.probe import measure_prefill
 from gateway.upstream.telemetry import BackendFacts, EngineLoad, fetch_load, probe_facts
@@ -42,6 +45,8 @@ FACTS_EVERY_ROUNDS = 12
 QUEUED_SCRAPES_TO_HOLD = 2
 #: A backend whose /metrics said nothing this many times is scraped this much less often.
 SILENT_METRICS_BACKOFF = 10
+#: Scrapes in a row in which no request ended that keep an engine's last window split.
+WINDOW_KEPT_SCRAPES = 3
 
 
 @dataclass(slots=True)
@@ -52,6 +57,7 @@ class _Known:
     load: EngineLoad | None = None
     silent_scrapes: int = 0
     queued_scrapes: int = 0
+    empty_windows: int = 0
     logged_prefill_rate: float = 0.0
     logged_token_ratio: float = 1.0
 
@@ -164,9 +170,11 @@ class BackendSizer:
             known.silent_scrapes += 1
             if known.load is not None:
                 backend.note_engine_load(None, None, None)
+                backend.engine_window = None
                 known.load = None
             return
         known.silent_scrapes = 0
+        self._apply_window(backend, known, load)
         if load.kv_capacity_tokens:
             # Remember no more prefixes than its KV cache can hold.
             backend.prefixes.capacity_tokens = min(
@@ -192,6 +200,18 @@ class BackendSizer:
                 holding_at=backend.engine_limit,
             )
         known.load = load
+
+    def _apply_window(self, backend: Backend, known: _Known, load: EngineLoad) -> None:
+        """The engine's histograms against the last scrape's: the window's mean split. A
+        window in which nothing ended keeps the one before, for a few scrapes."""
+        before = known.load.times if known.load is not None else None
+        window = None if before is None or load.times is None else window_split(before, load.times)
+        if window is not None:
+            backend.engine_window, known.empty_windows = window, 0
+            return
+        known.empty_windows += 1
+        if load.times is None or known.empty_windows > WINDOW_KEPT_SCRAPES:
+            backend.engine_window = None
 
     # -- refitting the lanes ----------------------------------------------------------
 
