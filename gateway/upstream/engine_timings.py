@@ -29,16 +29,19 @@ source there is, named in `source`:
   with prefill as its TTFT less its queue and decode as its end-to-end less its
   TTFT). The gateway scrapes them with the engine's load every health round;
   the deltas between two scrapes are the means of the requests that ended in
-  between. A request's own backend time is split in the proportions of the
-  latest such window: its TTFT into queue and prefill, the rest (first token
-  to end) is its decode; a whole answer's time in all three proportions. So
-  the parts always add up to what this request took, and the window tells only
-  where it went. The window is the one before the request ended (at most a
-  health round old), not the one it ends in, which is not scraped yet.
+  between. A window's mean cannot say which of its requests queued (in a burst
+  the first did not and the last did), but the prefill depends on the prompt,
+  not the load: the engine's mean prefill over the gateway's estimate for the
+  mean prompt of the requests it saw end in the same interval scales the
+  estimate below, so each request's prefill is its own prompt's, at the rate
+  the engine really prefilled, and the rest of its TTFT is its queue. This
+  keeps working while the engine queues all the time, when TTFT teaches the
+  learned rate nothing. The window is the latest (at most a health round old).
 - `estimate`: the learned backend model: the prefill of the tokens it really
   prefilled (not cached) at the learned rate; the rest of the backend's TTFT is
   its queue; first token to end its decode. A whole answer: decode at the
-  learned time per token, the queue what is left.
+  learned time per token, the queue what is left. The parts always add up to
+  the request's own backend time.
 
 Pure arithmetic over plain values: no clock, no I/O. Every parser answers None
 for what it cannot read: garbage costs the timing, never a request.
@@ -314,25 +317,42 @@ def window_split(before: RequestTimeTotals, after: RequestTimeTotals) -> WindowS
     return WindowSplit(queue[0], max(0.0, prefill_s), max(0.0, decode_s), queue[1])
 
 
-def from_window(
-    window: WindowSplit, *, backend_ttft_s: float | None, backend_s: float | None
-) -> EngineTimings | None:
-    """The request's own backend time split in the proportions of the window's mean.
+#: Bounds of a window's prefill scale: a stray window cannot make the split absurd.
+PREFILL_SCALE_BOUNDS = (0.1, 10.0)
 
-    A stream: its TTFT into queue and prefill as the window's mean divides them, first
-    token to end its decode. A whole answer: its backend time in all three proportions.
+
+def prefill_scale(window: WindowSplit, estimate_s: float) -> float | None:
+    """The engine's mean prefill over one window against the gateway's estimate for the
+    mean prompt of the requests it saw end in that window (the estimate is linear in the
+    tokens, so that is their mean estimate, with the model as it is now); None when the
+    gateway estimated nothing."""
+    if estimate_s <= 0:
+        return None
+    low, high = PREFILL_SCALE_BOUNDS
+    return min(high, max(low, window.prefill_s / estimate_s))
+
+
+def from_window(
+    scale: float,
+    *,
+    prefill_estimate_s: float,
+    backend_ttft_s: float | None,
+    backend_s: float | None,
+    decode_estimate_s: float | None,
+) -> EngineTimings | None:
+    """The estimate, its prefill scaled to what the engine's histograms say prefill took.
+
+    A window's means cannot say which of its requests queued: in a burst the first
+    ones did not and the last ones did. The prefill depends on the prompt, not on the
+    load, so the learned estimate, which knows this prompt's size, is what is scaled;
+    the queue is then the rest of the request's own TTFT, as in `estimated`.
     """
-    if backend_ttft_s is not None:
-        ttft = max(0.0, backend_ttft_s)
-        before_first = window.queue_s + window.prefill_s
-        queue = ttft * window.queue_s / before_first if before_first > 0 else 0.0
-        return EngineTimings(queue, ttft - queue, _rest(backend_s, backend_ttft_s), ENGINE_WINDOW)
-    if backend_s is None:
+    split = estimated(
+        prefill_estimate_s=prefill_estimate_s * scale,
+        backend_ttft_s=backend_ttft_s,
+        backend_s=backend_s,
+        decode_estimate_s=decode_estimate_s,
+    )
+    if split is None:
         return None
-    total = max(0.0, backend_s)
-    whole = window.queue_s + window.prefill_s + window.decode_s
-    if whole <= 0:
-        return None
-    queue = total * window.queue_s / whole
-    prefill = total * window.prefill_s / whole
-    return EngineTimings(queue, prefill, max(0.0, total - queue - prefill), ENGINE_WINDOW)
+    return EngineTimings(split.engine_queue_s, split.prefill_s, split.decode_s, ENGINE_WINDOW)

@@ -11,8 +11,8 @@ cleanest sample of the prefill rate: neither the engine's queue nor the network
 is in it, so it teaches whatever the queue, and a whole answer teaches too.
 
 The split of its backend time (`split_time`) takes the engine's own report
-first, then the engine's latest histogram window, then the learned model
-(`engine_timings.py` says how each is read).
+first, then the learned model scaled by the engine's latest histogram window,
+then the learned model alone (`engine_timings.py` says how each is read).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gateway.upstream.engine_timings import (
     estimated,
     from_report,
     from_window,
+    prefill_scale,
 )
 from gateway.upstream.pool import Slot
 
@@ -32,6 +33,8 @@ def learn_from(record: RequestRecord, slot: Slot) -> None:
     model = slot.backend.model
     if record.outcome is not Outcome.OK or record.attempts > 1:
         return
+    # Against the engine's histograms at the next scrape.
+    slot.backend.note_ended(prefilled_tokens(record, slot))
     sample = engine_prefill_sample(record, slot)
     # The engine's own figure first: TTFT adds its queue and the network to it.
     taught = sample is not None and model.observe_prefill(*sample)
@@ -113,17 +116,26 @@ def split_time(record: RequestRecord, slot: Slot) -> EngineTimings | None:
             return split
     if retried:
         return None
-    window = slot.backend.engine_window
-    if window is not None:
-        split = from_window(window, backend_ttft_s=ttft_s, backend_s=backend_s)
-        if split is not None:
-            return split
     tokens = record.completion_tokens
     decode_estimate_s = (
         None
         if tokens is None
         else model.tpot_s(max(1, slot.backend.in_flight)) * max(0, tokens - 1)
     )
+    window, window_tokens = slot.backend.engine_window, slot.backend.engine_window_tokens
+    scale = (
+        None
+        if window is None or window_tokens is None
+        else prefill_scale(window, model.prefill_s(round(window_tokens)))
+    )
+    if scale is not None:
+        return from_window(
+            scale,
+            prefill_estimate_s=prefill_estimate_s,
+            backend_ttft_s=ttft_s,
+            backend_s=backend_s,
+            decode_estimate_s=decode_estimate_s,
+        )
     return estimated(
         prefill_estimate_s=prefill_estimate_s,
         backend_ttft_s=ttft_s,

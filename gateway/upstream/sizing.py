@@ -11,7 +11,8 @@ Every health-check round (and once at start) it
   an engine reports requests waiting inside it, the pool sends it no more
   than it runs (`Backend.note_engine_load`); its request time histograms, against
   the last scrape's, give the mean split of the requests that ended in between
-  (`Backend.engine_window`);
+  (`Backend.engine_window`), with the mean prompt the gateway saw end there
+  meanwhile, to set the engine's prefill against the gateway's estimates;
 - refits the lanes: slot limits from the backends' slots, and deadlines to the
   engine floor the backends' learned prefill rates imply (`fitting`), with a
   warning naming the numbers when a configured deadline is below it;
@@ -170,7 +171,7 @@ class BackendSizer:
             known.silent_scrapes += 1
             if known.load is not None:
                 backend.note_engine_load(None, None, None)
-                backend.engine_window = None
+                backend.engine_window = backend.engine_window_tokens = None
                 known.load = None
             return
         known.silent_scrapes = 0
@@ -202,16 +203,19 @@ class BackendSizer:
         known.load = load
 
     def _apply_window(self, backend: Backend, known: _Known, load: EngineLoad) -> None:
-        """The engine's histograms against the last scrape's: the window's mean split. A
-        window in which nothing ended keeps the one before, for a few scrapes."""
+        """The engine's histograms against the last scrape's: the window's mean split, and
+        the mean prompt of the requests the gateway saw end meanwhile. A window in which
+        nothing ended keeps the one before, for a few scrapes."""
+        tokens = backend.take_ended()
         before = known.load.times if known.load is not None else None
         window = None if before is None or load.times is None else window_split(before, load.times)
-        if window is not None:
-            backend.engine_window, known.empty_windows = window, 0
+        if window is not None and tokens is not None:
+            backend.engine_window, backend.engine_window_tokens = window, tokens
+            known.empty_windows = 0
             return
         known.empty_windows += 1
         if load.times is None or known.empty_windows > WINDOW_KEPT_SCRAPES:
-            backend.engine_window = None
+            backend.engine_window = backend.engine_window_tokens = None
 
     # -- refitting the lanes ----------------------------------------------------------
 
@@ -346,6 +350,7 @@ class BackendSizer:
                         "kv_usage": load.kv_usage,
                     },
                     "holding_at": backend.engine_limit,
+                    "engine_window": _window(backend),
                     "learned": backend.model.figures(max(1, backend.in_flight)).to_json(),
                 }
             )
@@ -385,6 +390,20 @@ def _tenant_shares(lane: LaneState) -> list[dict[str, Any]]:
         }
         for share in shares[:DESCRIBED_TENANTS]
     ]
+
+
+def _window(backend: Backend) -> dict[str, float] | None:
+    """The engine's latest histogram window, as /debug/backends shows it (ms)."""
+    window, tokens = backend.engine_window, backend.engine_window_tokens
+    if window is None or tokens is None:
+        return None
+    return {
+        "requests": window.requests,
+        "queue_ms": round(window.queue_s * 1000.0, 3),
+        "prefill_ms": round(window.prefill_s * 1000.0, 3),
+        "decode_ms": round(window.decode_s * 1000.0, 3),
+        "mean_prefilled_tokens": round(tokens, 1),
+    }
 
 
 def _rounded(value: float | None) -> float | None:
