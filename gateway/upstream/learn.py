@@ -93,7 +93,8 @@ def split_time(record: RequestRecord, slot: Slot) -> EngineTimings | None:
     """Its backend time as engine queue, prefill and decode; None when no backend answered.
 
     A retried request's dispatch time is the first backend's: only what the engine
-    itself reported is kept then, nothing derived from the gateway's clock.
+    itself reported is kept then, nothing derived from the gateway's clock. A stream
+    with no first token has nothing to split.
     """
     dispatched = record.dispatched
     if dispatched is None or record.first_byte is None or (record.status or 0) >= 300:
@@ -101,7 +102,12 @@ def split_time(record: RequestRecord, slot: Slot) -> EngineTimings | None:
     model = slot.backend.model
     retried = record.attempts > 1
     first_token = None if retried else record.first_token
-    end = None if retried else (record.end if record.stream else record.first_byte)
+    # A stream cut off before its first token: where its time went is not known.
+    end = (
+        None
+        if retried or (record.stream and first_token is None)
+        else (record.end if record.stream else record.first_byte)
+    )
     ttft_s = None if first_token is None else first_token - dispatched
     backend_s = None if end is None else end - dispatched
     prefill_estimate_s = model.prefill_s(prefilled_tokens(record, slot))

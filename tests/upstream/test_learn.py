@@ -86,6 +86,8 @@ def test_nothing_is_split_for_a_request_no_backend_answered_or_that_failed() -> 
     record, slot = served()
     record.status = 400
     assert split_time(record, slot) is None
+    record, slot = served(ttft_s=None)  # a stream that never had a first token
+    assert split_time(record, slot) is None
 
 
 def test_a_retried_request_keeps_only_what_the_engine_reported() -> None:
