@@ -36,7 +36,7 @@ source there is, named in `source`:
   estimate below, so each request's prefill is its own prompt's, at the rate
   the engine really prefilled, and the rest of its TTFT is its queue. This
   keeps working while the engine queues all the time, when TTFT teaches the
-  learned rate nothing. The window is the latest (at most a health round old).
+  learned rate nothing. The window is the latest in which requests ended.
 - `estimate`: the learned backend model: the prefill of the tokens it really
   prefilled (not cached) at the learned rate; the rest of the backend's TTFT is
   its queue; first token to end its decode. A whole answer: decode at the

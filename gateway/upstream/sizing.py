@@ -46,8 +46,6 @@ FACTS_EVERY_ROUNDS = 12
 QUEUED_SCRAPES_TO_HOLD = 2
 #: A backend whose /metrics said nothing this many times is scraped this much less often.
 SILENT_METRICS_BACKOFF = 10
-#: Scrapes in a row in which no request ended that keep an engine's last window split.
-WINDOW_KEPT_SCRAPES = 3
 
 
 @dataclass(slots=True)
@@ -58,7 +56,6 @@ class _Known:
     load: EngineLoad | None = None
     silent_scrapes: int = 0
     queued_scrapes: int = 0
-    empty_windows: int = 0
     logged_prefill_rate: float = 0.0
     logged_token_ratio: float = 1.0
 
@@ -205,17 +202,16 @@ class BackendSizer:
     def _apply_window(self, backend: Backend, known: _Known, load: EngineLoad) -> None:
         """The engine's histograms against the last scrape's: the window's mean split, and
         the mean prompt of the requests the gateway saw end meanwhile. A window in which
-        nothing ended keeps the one before, for a few scrapes."""
+        nothing ended (for the engine or for this gateway) keeps the one before: what it
+        says is the engine's speed, which idling does not change."""
         tokens = backend.take_ended()
+        if load.times is None:  # it stopped telling
+            backend.engine_window = backend.engine_window_tokens = None
+            return
         before = known.load.times if known.load is not None else None
-        window = None if before is None or load.times is None else window_split(before, load.times)
+        window = None if before is None else window_split(before, load.times)
         if window is not None and tokens is not None:
             backend.engine_window, backend.engine_window_tokens = window, tokens
-            known.empty_windows = 0
-            return
-        known.empty_windows += 1
-        if load.times is None or known.empty_windows > WINDOW_KEPT_SCRAPES:
-            backend.engine_window = backend.engine_window_tokens = None
 
     # -- refitting the lanes ----------------------------------------------------------
 

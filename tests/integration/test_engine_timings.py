@@ -105,7 +105,7 @@ async def test_the_engines_queue_is_told_apart_from_its_prefill(
     for request_id, line in lines.items():
         assert line["timing_source"] == "engine"
         # What the engine's own clock says it waited for its batch place.
-        assert line["engine_queue_ms"] == pytest.approx(engine[request_id]["queue_ms"], abs=15)
+        assert line["engine_queue_ms"] == pytest.approx(engine[request_id]["queue_ms"], abs=30)
         queued += line["engine_queue_ms"] > 100
     assert queued == 2
     async with http.get(gateway.url + "/metrics") as resp:
@@ -161,7 +161,7 @@ async def test_vllm_histograms_split_requests_by_the_engines_window(
         await asyncio.gather(*(one(start + i) for i in range(3)))
 
     await burst(0)
-    await asyncio.sleep(0.6)  # scrapes on both sides of the burst's end: a window
+    await asyncio.sleep(1.0)  # scrapes on both sides of the burst's end: a window, kept while idle
     await burst(3)
     lines = [line for line in gateway.request_lines() if line["request_id"] >= "v3"]
     engine = await sim_requests(http, sim)
@@ -175,7 +175,7 @@ async def test_vllm_histograms_split_requests_by_the_engines_window(
         # A window's mean does not say which of its requests queued; the engine's mean
         # prefill, set against this prompt, does: the rest of its TTFT is the queue.
         assert line["engine_queue_ms"] == pytest.approx(
-            engine[line["request_id"]]["queue_ms"], abs=20
+            engine[line["request_id"]]["queue_ms"], abs=30
         )
         queued += line["engine_queue_ms"] > 100
     assert queued == 2
