@@ -184,5 +184,8 @@ class RequestRecord:
             "prefill_ms": self.prefill_ms,
             "decode_ms": self.decode_ms,
             "timing_source": None if self.timings is None else self.timings.source,
+            "prefill_estimate_ms": None
+            if self.timings is None
+            else _seconds_as_ms(self.timings.prefill_estimate_s),
             "trace_id": None if self.trace is None else self.trace.trace_id,
         }

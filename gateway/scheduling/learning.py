@@ -5,11 +5,11 @@ in front of an H100 running vLLM and a CPU running llama.cpp, whose prefill
 rates differ a hundredfold. So each backend gets a `BackendModel`, fed with the
 records of the requests it served:
 
-- **prefill rate** (prompt tokens per second): the engine's own prefill time of
-  the tokens it prefilled, when it reports one (llama.cpp's `timings`: no queue
-  and no network in it, the cleaner sample); else backend TTFT against the
-  prompt tokens it had to prefill first, its own plus those still in prefill
-  ahead of it on that backend when it was dispatched;
+- **prefill rate** (prompt tokens per second): backend TTFT against the prompt
+  tokens it had to prefill first, its own plus those still in prefill ahead of
+  it on that backend when it was dispatched; or, when the engine reports it
+  (llama.cpp's `timings`), the engine's own prefill time of the tokens it
+  prefilled, a cleaner sample (no queue, no network: `upstream/learn.py`);
 - **TTFT overhead**: what a first token costs beyond prefill (a decode step,
   the network), so a tiny prompt is not predicted at zero;
 - **decode time per token** (TPOT) by how many streams ran beside it;
@@ -148,17 +148,6 @@ class BackendModel:
             return
         beyond = ttft_s - min(self._overhead.value, 0.5 * ttft_s)
         self._prefill_rate.add(work / max(beyond, 1e-6))
-
-    def observe_prefill(self, prompt_tokens: int, prefill_s: float) -> bool:
-        """The engine said it prefilled `prompt_tokens` in `prefill_s`, its compute alone.
-
-        Only a prompt big enough to say something of the rate teaches (the fixed cost
-        of a first token is TTFT's to teach, network included): False when it did not.
-        """
-        if prefill_s <= 0 or prompt_tokens < MIN_PREFILL_SAMPLE_TOKENS:
-            return False
-        self._prefill_rate.add(prompt_tokens / prefill_s)
-        return True
 
     def observe_tpot(self, tpot_s: float, streams: int) -> None:
         """Mean time per output token of a stream that ran beside `streams` streams (itself

@@ -81,6 +81,9 @@ class EngineTimings:
     prefill_s: float | None
     decode_s: float | None
     source: str
+    #: The learned model's prefill for this prompt, whatever the source: beside an
+    #: engine's own figure it measures the estimate's error.
+    prefill_estimate_s: float | None = None
 
 
 # ----------------------------------------------------------------------------- parsing

@@ -7,8 +7,9 @@ samples teach: a stream that answered (not a retry, whose dispatch time is
 another backend's), not one that waited in the engine's own queue. A prompt
 partly served from the engine's cache teaches by the part it prefilled. The
 engine's own prefill time, when it reports one (llama.cpp's `timings`), is the
-cleanest sample of the prefill rate: neither the engine's queue nor the network
-is in it, so it teaches whatever the queue, and a whole answer teaches too.
+cleanest sample: neither the engine's queue nor the network is in it, so it
+teaches however long the request waited in the engine (a TTFT that did would
+teach the model that short prompts are slow), and a whole answer teaches too.
 
 The split of its backend time (`split_time`) takes the engine's own report
 first, then the learned model scaled by the engine's latest histogram window,
@@ -16,6 +17,8 @@ then the learned model alone (`engine_timings.py` says how each is read).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from gateway.observability.record import RequestRecord
 from gateway.outcomes import Outcome
@@ -36,11 +39,13 @@ def learn_from(record: RequestRecord, slot: Slot) -> None:
     # Against the engine's histograms at the next scrape.
     slot.backend.note_ended(prefilled_tokens(record, slot))
     sample = engine_prefill_sample(record, slot)
-    # The engine's own figure first: TTFT adds its queue and the network to it.
-    taught = sample is not None and model.observe_prefill(*sample)
-    if (
-        not taught
-        and record.stream
+    if sample is not None:
+        # The engine's own prefill is a TTFT with nothing ahead, no queue and no network
+        # in it, however long the request waited: big prompts teach the rate, small ones
+        # the fixed cost of a first token.
+        model.observe_ttft(sample[0], 0, sample[1])
+    elif (
+        record.stream
         and not slot.engine_queued
         and record.first_token is not None
         and record.dispatched is not None
@@ -94,11 +99,20 @@ def split_time(record: RequestRecord, slot: Slot) -> EngineTimings | None:
 
     A retried request's dispatch time is the first backend's: only what the engine
     itself reported is kept then, nothing derived from the gateway's clock. A stream
-    with no first token has nothing to split.
+    with no first token has nothing to split. The learned prefill estimate for its
+    prompt goes with the split, whatever its source.
     """
     dispatched = record.dispatched
     if dispatched is None or record.first_byte is None or (record.status or 0) >= 300:
         return None
+    prefill_estimate_s = slot.backend.model.prefill_s(prefilled_tokens(record, slot))
+    split = _split_time(record, slot, dispatched, prefill_estimate_s)
+    return None if split is None else replace(split, prefill_estimate_s=prefill_estimate_s)
+
+
+def _split_time(
+    record: RequestRecord, slot: Slot, dispatched: float, prefill_estimate_s: float
+) -> EngineTimings | None:
     model = slot.backend.model
     retried = record.attempts > 1
     first_token = None if retried else record.first_token
@@ -110,7 +124,6 @@ def split_time(record: RequestRecord, slot: Slot) -> EngineTimings | None:
     )
     ttft_s = None if first_token is None else first_token - dispatched
     backend_s = None if end is None else end - dispatched
-    prefill_estimate_s = model.prefill_s(prefilled_tokens(record, slot))
     if record.engine_report is not None:
         split = from_report(
             record.engine_report,

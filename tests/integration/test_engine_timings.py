@@ -70,6 +70,7 @@ async def test_llamacpp_timings_are_the_logged_prefill_and_decode_and_teach_the_
         line = lines[request_id]
         assert line["timing_source"] == "engine", line
         assert line["prefill_ms"] == pytest.approx(timings["prompt_ms"], abs=1e-3)
+        assert line["prefill_estimate_ms"] > 0  # the learned model's, beside it
         assert line["decode_ms"] == pytest.approx(timings["predicted_ms"], abs=1e-3)
         if line["stream"]:  # llama.cpp has no queue time: the TTFT beyond its prefill
             expected = max(0.0, line["backend_ttft_ms"] - timings["prompt_ms"])

@@ -8,7 +8,6 @@ import pytest
 
 from gateway.scheduling.learning import (
     PRIOR_PREFILL_TOKENS_PER_S,
-    PRIOR_TTFT_OVERHEAD_S,
     TOKEN_RATIO_BOUNDS,
     BackendModel,
     WindowedMedian,
@@ -106,14 +105,3 @@ def test_changed_a_lot() -> None:
     assert changed_a_lot(100, 200) and changed_a_lot(200, 100)
     assert not changed_a_lot(100, 120)
     assert changed_a_lot(0, 5)
-
-
-def test_the_engines_own_prefill_time_teaches_the_rate_from_big_prompts_only() -> None:
-    model = BackendModel()
-    assert not model.observe_prefill(100, 0.5)  # too small to say anything of the rate
-    assert not model.observe_prefill(1000, 0.0)
-    for _ in range(3):
-        assert model.observe_prefill(1000, 0.5)
-    # No overhead taken off: the engine's prefill has no network or queue in it.
-    assert model.prefill_tokens_per_s == 2000.0
-    assert model.figures().ttft_overhead_s == PRIOR_TTFT_OVERHEAD_S

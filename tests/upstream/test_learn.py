@@ -47,6 +47,8 @@ def test_the_engines_report_comes_first() -> None:
     split = split_time(record, slot)
     assert split is not None and split.source == ENGINE
     assert (split.engine_queue_s, split.prefill_s, split.decode_s) == pytest.approx((0.6, 0.4, 2.0))
+    # The learned estimate beside the engine's own figure: 20 ms + 1000 tokens at 8192/s.
+    assert split.prefill_estimate_s == pytest.approx(0.02 + 1000 / 8192)
 
 
 def test_without_a_report_the_scaled_estimate_then_the_estimate() -> None:
@@ -58,6 +60,7 @@ def test_without_a_report_the_scaled_estimate_then_the_estimate() -> None:
     assert (split.engine_queue_s, split.prefill_s, split.decode_s) == pytest.approx(
         (1.0 - prefill, prefill, 2.0)
     )
+    assert split.prefill_estimate_s == pytest.approx(prefill)
     # The engine's histograms said its prefill took 3 times the gateway's estimate for the
     # mean prompt of the window (here, the same size as this one).
     slot.backend.engine_window = WindowSplit(0.5, 3 * prefill, 1.0, 3)
@@ -101,13 +104,30 @@ def test_a_retried_request_keeps_only_what_the_engine_reported() -> None:
 
 def test_the_engines_prefill_teaches_the_rate_in_the_gateways_tokens_even_when_queued() -> None:
     # The engine prefilled 300 of its 600 tokens (300 from its cache): half the prompt.
-    report = EngineReport(prefill_s=0.25, decode_s=1.0, prefilled_tokens=300, cached_tokens=300)
+    report = EngineReport(prefill_s=0.27, decode_s=1.0, prefilled_tokens=300, cached_tokens=300)
     record, slot = served(prompt_tokens=1200, report=report, ttft_s=5.0)
     slot.engine_queued = True  # a TTFT sample would be thrown away: this one is clean
-    assert engine_prefill_sample(record, slot) == (600, 0.25)
+    assert engine_prefill_sample(record, slot) == (600, 0.27)
     for _ in range(3):
         learn_from(record, slot)
+    # Beyond the prior's 20 ms fixed cost: 600 tokens in 0.25 s.
     assert slot.backend.model.prefill_tokens_per_s == pytest.approx(2400.0)
+
+
+def test_a_short_prompt_that_waited_in_the_engine_does_not_teach_that_short_prompts_are_slow() -> (
+    None
+):
+    model_of = {}
+    for reported in (False, True):
+        report = EngineReport(prefill_s=0.03, decode_s=0.1) if reported else None
+        record, slot = served(prompt_tokens=50, ttft_s=2.0, report=report)  # 1.97 s queued
+        for _ in range(3):
+            learn_from(record, slot)
+        model_of[reported] = slot.backend.model.figures().ttft_overhead_s
+    # Without the engine's report the gateway cannot tell (its gauges had not shown the
+    # queue yet): two seconds of "fixed cost". With it, the engine's 30 ms.
+    assert model_of[False] == pytest.approx(2.0 - 50 / 8192)
+    assert model_of[True] == pytest.approx(0.03 - 50 / 8192)
 
 
 def test_without_the_engines_prefill_the_ttft_teaches_as_before() -> None:
