@@ -143,6 +143,10 @@ DOCUMENTED_LOG_FIELDS = frozenset(
         "ttft_ms",
         "tpot_ms",
         "e2e_ms",
+        "engine_queue_ms",
+        "prefill_ms",
+        "decode_ms",
+        "timing_source",
     }
 )
 

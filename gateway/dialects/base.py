@@ -19,6 +19,7 @@ from gateway.admission.admit import RequestShape
 from gateway.admission.limits import OutputBudget
 from gateway.admission.tokens import TokenCounter
 from gateway.config import LimitsSettings
+from gateway.upstream.engine_timings import EngineReport
 from gateway.upstream.sse import StreamWatcher
 
 
@@ -55,6 +56,11 @@ class Dialect(ABC):
     def backend_cached_tokens(self, body: bytes) -> int | None:
         """Prompt tokens the backend served from its cache, from a whole answer; None when
         it does not say."""
+        return None
+
+    def engine_report(self, body: bytes) -> EngineReport | None:
+        """The engine's own timings of the request, from a whole answer's body (llama.cpp's
+        `timings`); None when it has none."""
         return None
 
     def client_body(self, shape: RequestShape, body: bytes) -> bytes:

@@ -13,6 +13,7 @@ from gateway.admission.schema import ChatCompletionRequest, CompletionRequest, p
 from gateway.admission.tokens import TokenCounter, chat_parts, completion_prompt_parts
 from gateway.config import LimitsSettings
 from gateway.dialects.base import Dialect, sse_event
+from gateway.upstream.engine_timings import EngineReport, llamacpp_timings
 from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, cached_tokens_of
 
 
@@ -39,6 +40,10 @@ class _OpenAIDialect(Dialect):
     def backend_cached_tokens(self, body: bytes) -> int | None:
         usage = _usage(body)
         return None if usage is None else cached_tokens_of(usage)
+
+    def engine_report(self, body: bytes) -> EngineReport | None:
+        answer = _answer(body)
+        return None if answer is None else llamacpp_timings(answer.get("timings"))
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         return sse_event({"error": error})
@@ -102,12 +107,19 @@ class CompletionDialect(_OpenAIDialect):
 
 
 @functools.lru_cache(maxsize=1)
-def _usage(body: bytes) -> dict[str, Any] | None:
-    """The `usage` of a whole answer (decoded once for the several counts read from it)."""
+def _answer(body: bytes) -> dict[str, Any] | None:
+    """A whole answer, decoded once for the several facts read from it (not to be changed)."""
     try:
-        usage = msgspec.json.decode(body).get("usage")
-    except (msgspec.DecodeError, AttributeError):
+        answer = msgspec.json.decode(body)
+    except msgspec.DecodeError:
         return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _usage(body: bytes) -> dict[str, Any] | None:
+    """The `usage` of a whole answer."""
+    answer = _answer(body)
+    usage = answer.get("usage") if answer is not None else None
     return usage if isinstance(usage, dict) else None
 
 

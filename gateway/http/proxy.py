@@ -41,7 +41,7 @@ from gateway.scheduling.scheduler import Grant, Scheduler, WaitNote
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.affinity import SESSION_HEADER, session_key
 from gateway.upstream.dispatch import dispatch
-from gateway.upstream.learn import learn_from
+from gateway.upstream.learn import learn_from, split_time
 from gateway.upstream.pool import Backend, RouteHint
 from gateway.upstream.relay import RelayPlan
 
@@ -476,6 +476,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             record.end = clock()
         if grant is not None:
             try:
+                record.timings = split_time(record, grant.slot)
                 learn_from(record, grant.slot)
             finally:
                 state.scheduler.release(grant, *served_tokens(record))

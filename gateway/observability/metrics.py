@@ -88,6 +88,29 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # The backend's time split (upstream/engine_timings.py): from the engine's own
+        # timings, its histogram window, or the learned model (the log's timing_source).
+        self.engine_queue = Histogram(
+            "gateway_engine_queue_seconds",
+            "Time in the engine's own queue, before its prefill began.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prefill = Histogram(
+            "gateway_prefill_seconds",
+            "The engine's prefill of the prompt (the tokens not in its cache).",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "gateway_decode_seconds",
+            "The engine's decode, first token to last.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter(
             "gateway_prompt_tokens", "Prompt tokens of admitted requests.", ["lane"], registry=r
         )
@@ -187,6 +210,15 @@ class GatewayMetrics:
         ):
             if value_ms is not None:
                 histogram.observe(value_ms / 1000.0)
+        timings = record.timings
+        if timings is not None:
+            for histogram, value_s in (
+                (series.engine_queue, timings.engine_queue_s),
+                (series.prefill, timings.prefill_s),
+                (series.decode, timings.decode_s),
+            ):
+                if value_s is not None:
+                    histogram.observe(value_s)
         if record.dispatched is not None and record.prompt_tokens:
             series.prompt_tokens.inc(record.prompt_tokens)
         if record.completion_tokens:
@@ -225,6 +257,9 @@ class GatewayMetrics:
             self.backend_ttft.labels(lane),
             self.tpot.labels(lane),
             self.e2e.labels(lane),
+            self.engine_queue.labels(lane),
+            self.prefill.labels(lane),
+            self.decode.labels(lane),
             self.prompt_tokens.labels(lane),
             self.completion_tokens.labels(lane),
         )
@@ -249,6 +284,9 @@ class _LaneSeries(NamedTuple):
     backend_ttft: Any
     tpot: Any
     e2e: Any
+    engine_queue: Any
+    prefill: Any
+    decode: Any
     prompt_tokens: Any
     completion_tokens: Any
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.outcomes import Outcome
+from gateway.upstream.engine_timings import EngineReport, EngineTimings
 
 if TYPE_CHECKING:
     from gateway.observability.tracing import TraceContext
@@ -102,6 +103,11 @@ class RequestRecord:
     retried_outcome: str | None = None
     #: Refused at once because it came before its earlier refusal's Retry-After.
     retry_damped: bool = False
+    #: What the engine said of the request's time (llama.cpp's `timings`, TGI's headers),
+    #: and the split of its backend time (engine queue, prefill, decode) from the best
+    #: source there was (`upstream/engine_timings.py`); None: nothing known.
+    engine_report: EngineReport | None = None
+    timings: EngineTimings | None = None
     #: Its W3C trace context: the client's trace (or a new one) and what the backend is sent.
     trace: TraceContext | None = None
 
@@ -134,6 +140,18 @@ class RequestRecord:
     @property
     def e2e_ms(self) -> float | None:
         return ms_between(self.arrival, self.end)
+
+    @property
+    def engine_queue_ms(self) -> float | None:
+        return None if self.timings is None else _seconds_as_ms(self.timings.engine_queue_s)
+
+    @property
+    def prefill_ms(self) -> float | None:
+        return None if self.timings is None else _seconds_as_ms(self.timings.prefill_s)
+
+    @property
+    def decode_ms(self) -> float | None:
+        return None if self.timings is None else _seconds_as_ms(self.timings.decode_s)
 
     def log_fields(self) -> dict[str, Any]:
         """The per-request log line's fields; absent values stay None (null)."""
@@ -174,5 +192,12 @@ class RequestRecord:
             "retry_gap_ms": self.retry_gap_ms,
             "retried_outcome": self.retried_outcome,
             "retry_damped": self.retry_damped,
+            "engine_queue_ms": self.engine_queue_ms,
+            "prefill_ms": self.prefill_ms,
+            "decode_ms": self.decode_ms,
+            "timing_source": None if self.timings is None else self.timings.source,
+            "prefill_estimate_ms": None
+            if self.timings is None
+            else _seconds_as_ms(self.timings.prefill_estimate_s),
             "trace_id": None if self.trace is None else self.trace.trace_id,
         }

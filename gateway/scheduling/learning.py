@@ -7,7 +7,9 @@ records of the requests it served:
 
 - **prefill rate** (prompt tokens per second): backend TTFT against the prompt
   tokens it had to prefill first, its own plus those still in prefill ahead of
-  it on that backend when it was dispatched;
+  it on that backend when it was dispatched; or, when the engine reports it
+  (llama.cpp's `timings`), the engine's own prefill time of the tokens it
+  prefilled, a cleaner sample (no queue, no network: `upstream/learn.py`);
 - **TTFT overhead**: what a first token costs beyond prefill (a decode step,
   the network), so a tiny prompt is not predicted at zero;
 - **decode time per token** (TPOT) by how many streams ran beside it;

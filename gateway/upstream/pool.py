@@ -75,6 +75,7 @@ from gateway.outcomes import NoBackend, Outcome
 from gateway.scheduling.learning import BackendModel
 from gateway.scheduling.scheduler import Deferred
 from gateway.upstream.affinity import rendezvous_weight
+from gateway.upstream.engine_timings import WindowSplit
 from gateway.upstream.prefix_index import PrefixIndex
 
 #: Why a backend was chosen (the routing metric's label).
@@ -190,6 +191,14 @@ class Backend:
     engine_kv_usage: float | None = None
     #: While the engine reports a queue: the most requests it actually runs of ours.
     engine_limit: int | None = None
+    #: The mean split of the requests that ended in its engine's latest histogram window
+    #: (vLLM, SGLang), and the mean prompt tokens it prefilled of those the gateway saw
+    #: end in it (`engine_timings.prefill_scale`); None: no such window.
+    engine_window: WindowSplit | None = None
+    engine_window_tokens: float | None = None
+    #: Prompt tokens prefilled by the requests that ended here since the last scrape.
+    ended_tokens: int = 0
+    ended_requests: int = 0
     #: The context window the engine reports (tokens), when it does.
     engine_context_tokens: int | None = None
     #: The prompt prefixes sent here lately: what its engine probably has cached.
@@ -259,6 +268,18 @@ class Backend:
             max(0, slot.prefill_tokens - int((now - slot.dispatched_at) * rate))
             for slot in self._prefilling
         )
+
+    def note_ended(self, prefilled_tokens: int) -> None:
+        """A request ended here, having prefilled `prefilled_tokens` (the gateway's count)."""
+        self.ended_tokens += prefilled_tokens
+        self.ended_requests += 1
+
+    def take_ended(self) -> float | None:
+        """The mean tokens prefilled by the requests noted since the last call (None: no
+        request), and start again."""
+        mean = self.ended_tokens / self.ended_requests if self.ended_requests else None
+        self.ended_tokens, self.ended_requests = 0, 0
+        return mean
 
     def note_engine_load(
         self,

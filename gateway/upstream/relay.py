@@ -20,6 +20,7 @@ from aiohttp import web
 from gateway.config import TimeoutSettings
 from gateway.observability.record import RequestRecord, clock
 from gateway.outcomes import BackendError, BackendTimeout, Outcome, Refusal
+from gateway.upstream.engine_timings import llamacpp_timings, tgi_headers
 from gateway.upstream.pool import Backend
 from gateway.upstream.sse import StreamWatcher
 
@@ -319,6 +320,10 @@ async def _relay_body(
         record.completion_tokens = plan.dialect.completion_tokens(body)
         record.backend_prompt_tokens = plan.dialect.backend_prompt_tokens(body)
         record.cached_tokens = plan.dialect.backend_cached_tokens(body)
+        # TGI's timing headers (its /generate, and its OpenAI routes), else the body's.
+        record.engine_report = tgi_headers(backend_response.headers) or (
+            plan.dialect.engine_report(body)
+        )
         body = plan.dialect.client_body(plan.shape, body)
     else:
         record.outcome = Outcome.BACKEND_ERROR if status >= 500 else Outcome.BACKEND_REJECTED
@@ -409,6 +414,8 @@ async def _relay_stream(
     record.completion_tokens = watcher.completion_tokens
     record.backend_prompt_tokens = watcher.prompt_tokens
     record.cached_tokens = watcher.cached_tokens
+    if watcher.timings is not None:
+        record.engine_report = llamacpp_timings(watcher.timings)
     if not watcher.done:
         return await _fail_stream(client_response, plan, record, watcher, "ended before its end")
     if watcher.backend_error:  # relayed as the backend sent it; the log says what happened

@@ -9,7 +9,10 @@ Every health-check round (and once at start) it
   length is refused at the door, with the same clarity;
 - reads each engine's own load (`telemetry.fetch_load`, its `/metrics`): while
   an engine reports requests waiting inside it, the pool sends it no more
-  than it runs (`Backend.note_engine_load`);
+  than it runs (`Backend.note_engine_load`); its request time histograms, against
+  the last scrape's, give the mean split of the requests that ended in between
+  (`Backend.engine_window`), with the mean prompt the gateway saw end there
+  meanwhile, to set the engine's prefill against the gateway's estimates;
 - refits the lanes: slot limits from the backends' slots, and deadlines to the
   engine floor the backends' learned prefill rates imply (`fitting`), with a
   warning naming the numbers when a configured deadline is below it;
@@ -32,6 +35,7 @@ from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_we
 from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
 from gateway.scheduling.learning import changed_a_lot
 from gateway.scheduling.scheduler import LaneState, Scheduler
+from gateway.upstream.engine_timings import window_split
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.probe import measure_prefill
 from gateway.upstream.telemetry import BackendFacts, EngineLoad, fetch_load, probe_facts
@@ -164,9 +168,11 @@ class BackendSizer:
             known.silent_scrapes += 1
             if known.load is not None:
                 backend.note_engine_load(None, None, None)
+                backend.engine_window = backend.engine_window_tokens = None
                 known.load = None
             return
         known.silent_scrapes = 0
+        self._apply_window(backend, known, load)
         if load.kv_capacity_tokens:
             # Remember no more prefixes than its KV cache can hold.
             backend.prefixes.capacity_tokens = min(
@@ -192,6 +198,20 @@ class BackendSizer:
                 holding_at=backend.engine_limit,
             )
         known.load = load
+
+    def _apply_window(self, backend: Backend, known: _Known, load: EngineLoad) -> None:
+        """The engine's histograms against the last scrape's: the window's mean split, and
+        the mean prompt of the requests the gateway saw end meanwhile. A window in which
+        nothing ended (for the engine or for this gateway) keeps the one before: what it
+        says is the engine's speed, which idling does not change."""
+        tokens = backend.take_ended()
+        if load.times is None:  # it stopped telling
+            backend.engine_window = backend.engine_window_tokens = None
+            return
+        before = known.load.times if known.load is not None else None
+        window = None if before is None else window_split(before, load.times)
+        if window is not None and tokens is not None:
+            backend.engine_window, backend.engine_window_tokens = window, tokens
 
     # -- refitting the lanes ----------------------------------------------------------
 
@@ -326,6 +346,7 @@ class BackendSizer:
                         "kv_usage": load.kv_usage,
                     },
                     "holding_at": backend.engine_limit,
+                    "engine_window": _window(backend),
                     "learned": backend.model.figures(max(1, backend.in_flight)).to_json(),
                 }
             )
@@ -365,6 +386,20 @@ def _tenant_shares(lane: LaneState) -> list[dict[str, Any]]:
         }
         for share in shares[:DESCRIBED_TENANTS]
     ]
+
+
+def _window(backend: Backend) -> dict[str, float] | None:
+    """The engine's latest histogram window, as /debug/backends shows it (ms)."""
+    window, tokens = backend.engine_window, backend.engine_window_tokens
+    if window is None or tokens is None:
+        return None
+    return {
+        "requests": window.requests,
+        "queue_ms": round(window.queue_s * 1000.0, 3),
+        "prefill_ms": round(window.prefill_s * 1000.0, 3),
+        "decode_ms": round(window.decode_s * 1000.0, 3),
+        "mean_prefilled_tokens": round(tokens, 1),
+    }
 
 
 def _rounded(value: float | None) -> float | None:

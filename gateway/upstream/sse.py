@@ -1,8 +1,9 @@
 """Watch an OpenAI-style SSE byte stream without re-encoding it.
 
-The relay forwards the backend's bytes unchanged. It only needs three facts
+The relay forwards the backend's bytes unchanged. It only needs a few facts
 from them: when the first content token passed (TTFT), the final usage
-(`completion_tokens`), and whether the stream ended with `[DONE]`. The gateway
+(`completion_tokens`), llama.cpp's `timings` (on the same last event as the
+usage), and whether the stream ended with `[DONE]`. The gateway
 asks the backend for `stream_options.include_usage`; when the client did not
 ask for it, the usage-only event (`"choices": []`) is removed again so the
 client sees the stream it asked for.
@@ -120,6 +121,7 @@ class StreamWatcher:
         "completion_tokens",
         "prompt_tokens",
         "cached_tokens",
+        "timings",
         "done",
         "backend_error",
         "_rest",
@@ -133,6 +135,9 @@ class StreamWatcher:
         self.prompt_tokens: int | None = None
         #: Prompt tokens the backend served from its cache (usage.prompt_tokens_details).
         self.cached_tokens: int | None = None
+        #: The engine's own timings of the request as it sent them (llama.cpp's `timings`,
+        #: on its last event: the usage chunk), read with the usage; None: not sent.
+        self.timings: Any = None
         #: The stream's own end marker was seen ([DONE], or TGI's final event).
         self.done = False
         #: The backend reported an error inside the stream (`{"error": ...}`).
@@ -233,6 +238,9 @@ class OpenAIStreamWatcher(StreamWatcher):
             self.backend_error = True
         usage = chunk.get("usage")
         if isinstance(usage, dict):
+            timings = chunk.get("timings")
+            if timings is not None:
+                self.timings = timings
             tokens = usage.get("completion_tokens")
             if type(tokens) is int:
                 self.completion_tokens = tokens

@@ -7,7 +7,9 @@ batch place frees up; from outside, that request looks "in flight" while it is
 really queued, and a short request dispatched behind it waits invisibly, out of
 the gateway's reach and ordering. An engine's own `/metrics` shows that queue,
 so the gateway can hold dispatch while the engine's queue is not empty and keep
-the waiting where its lanes can order it. Its `/props`, `/info` and
+the waiting where its lanes can order it. vLLM's and SGLang's request time
+histograms there also say where the time of the requests that ended went
+(queue, prefill, decode: `engine_timings.py`). Its `/props`, `/info` and
 `/v1/models` say how many requests it runs at once and how long a context it
 takes, so slots and context caps need not be guessed in the config.
 
@@ -27,6 +29,8 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.upstream.engine_timings import TIME_SAMPLES, RequestTimeTotals, time_totals
 
 #: How long one telemetry GET may take, connect to last byte, unless the caller says otherwise.
 DEFAULT_TIMEOUT_S = 5.0
@@ -48,6 +52,9 @@ class EngineLoad:
     kv_usage: float | None
     #: Tokens its KV cache holds (vLLM's `cache_config_info`: block_size x num_gpu_blocks).
     kv_capacity_tokens: int | None = None
+    #: Its per-request time histograms (queue, prefill, decode), cumulative; the deltas of
+    #: two scrapes split the backend time of requests without timings of their own.
+    times: RequestTimeTotals | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,19 +161,24 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
 
     Counts are summed over label sets (vLLM has one series per model name and per
     data-parallel engine); the KV usage, a fraction, takes the fullest series, since
-    the engine that is full is the one that stalls. A body the parser cannot read to
+    the engine that is full is the one that stalls. The request time histograms' sums
+    and counts are summed over label sets too. A body the parser cannot read to
     the end is None as a whole: a truncated scrape would undercount the queue.
     Non-finite values (NaN, ±Inf) are ignored.
     """
     if not isinstance(text, str):
         return None
     samples: dict[str, list[float]] = {}
+    times: list[tuple[str, float]] = []
     capacity: int | None = None
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == CACHE_CONFIG_INFO:
                     capacity = _kv_capacity(sample.labels)
+                    continue
+                if sample.name in TIME_SAMPLES:
+                    times.append((sample.name, float(sample.value)))
                     continue
                 if sample.name not in _KNOWN_NAMES:
                     continue
@@ -186,6 +198,7 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
                 running=running,
                 kv_usage=kv_usage,
                 kv_capacity_tokens=capacity,
+                times=time_totals(times),
             )
     return None
 

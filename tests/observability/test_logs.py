@@ -72,6 +72,7 @@ def test_the_line_has_the_documented_fields_and_null_for_absent_values() -> None
     assert parsed["e2e_ms"] == 2000.0
     assert parsed["ttft_ms"] is None and parsed["backend_ttft_ms"] is None
     assert parsed["tpot_ms"] is None and parsed["completion_tokens"] is None
+    assert parsed["engine_queue_ms"] is None and parsed["timing_source"] is None
     assert "null" in line  # absent, not left out and not made up
 
 

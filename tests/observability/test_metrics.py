@@ -9,6 +9,7 @@ import pytest
 
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.record import RequestRecord
+from gateway.upstream.engine_timings import EngineTimings
 
 HISTOGRAMS = (
     "gateway_queue_wait_seconds",
@@ -131,3 +132,17 @@ def test_each_gateway_has_its_own_registry() -> None:
     ok = {"lane": "interactive", "outcome": "ok", "status": "200"}
     assert value(first, "gateway_requests_total", **ok) == 1
     assert value(second, "gateway_requests_total", **ok) is None
+
+
+def test_the_backend_time_split_gives_one_sample_per_part_in_seconds() -> None:
+    metrics = GatewayMetrics()
+    metrics.observe(record(timings=EngineTimings(0.25, 0.5, 2.0, "engine")))
+    metrics.observe(record(timings=EngineTimings(None, 0.1, None, "estimate")))
+    metrics.observe(record())  # nothing known: no sample
+    for name, count, total in (
+        ("gateway_engine_queue_seconds", 1, 0.25),
+        ("gateway_prefill_seconds", 2, 0.6),
+        ("gateway_decode_seconds", 1, 2.0),
+    ):
+        assert value(metrics, f"{name}_count", lane="interactive") == count, name
+        assert value(metrics, f"{name}_sum", lane="interactive") == pytest.approx(total), name

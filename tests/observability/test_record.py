@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.observability.record import RequestRecord
+from gateway.upstream.engine_timings import EngineTimings
 
 #: A streamed request, in seconds: queued 0.25 s after arrival, dispatched 0.5 s later,
 #: first byte and first token 0.75 s after that, then 4 more tokens in 2 s.
@@ -131,3 +132,15 @@ def test_log_fields_carry_the_durations_and_leave_absent_values_none() -> None:
     for name in ("backend_ttft_ms", "ttft_ms", "tpot_ms", "completion_tokens", "client"):
         assert name in fields and fields[name] is None, name
     assert fields["e2e_ms"] == pytest.approx(3500.0)
+
+
+def test_the_backend_time_split_is_logged_in_ms_with_its_source() -> None:
+    record = RequestRecord("r", "/v1/chat/completions", arrival=1.0)
+    fields = record.log_fields()
+    assert [fields[k] for k in ("engine_queue_ms", "prefill_ms", "decode_ms", "timing_source")] == [
+        None
+    ] * 4
+    record.timings = EngineTimings(0.0123456, 0.5, None, "engine_window")
+    fields = record.log_fields()
+    assert fields["engine_queue_ms"] == 12.346 and fields["prefill_ms"] == 500.0
+    assert fields["decode_ms"] is None and fields["timing_source"] == "engine_window"

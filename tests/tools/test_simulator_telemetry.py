@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from gateway.tools.simulator import SimulatorConfig
+from gateway.upstream.engine_timings import RequestTimeTotals, Totals
 from gateway.upstream.telemetry import (
     BackendFacts,
     EngineLoad,
@@ -109,9 +110,16 @@ async def test_metrics_show_the_engines_own_queue(
     # each stream last ~40 s, far longer than the test reads.
     url = await simulator_process("--max-batch", "2", "--step-base-ms", "20", "--model", "m/x")
     idle = parse_engine_metrics(await _metrics_text(http, url))
-    # 16,384 blocks of 16 tokens: the simulator's cache, in vLLM's cache_config_info.
+    # 16,384 blocks of 16 tokens: the simulator's cache, in vLLM's cache_config_info; and
+    # its request time histograms, empty.
+    nothing = Totals(0.0, 0.0)
     assert idle == EngineLoad(
-        "vllm", waiting=0.0, running=0.0, kv_usage=0.0, kv_capacity_tokens=262_144
+        "vllm",
+        waiting=0.0,
+        running=0.0,
+        kv_usage=0.0,
+        kv_capacity_tokens=262_144,
+        times=RequestTimeTotals(queue=nothing, prefill=nothing, decode=nothing),
     )
 
     started = [asyncio.Event() for _ in range(5)]

@@ -33,6 +33,8 @@ _CONFIG_HELP = {
     "block_tokens": "tokens per KV block of the prefix cache (vLLM's --block-size)",
     "prefix_cache_blocks": "KV blocks the prefix cache holds (LRU; blocks of running sequences "
     "are pinned)",
+    "timings": "where each request's time went, told as vllm (request time histograms in "
+    "/metrics), llamacpp (those, and llama.cpp's `timings` in every OpenAI answer) or none",
 }
 
 

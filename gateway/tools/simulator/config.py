@@ -20,6 +20,8 @@ from gateway.tools.simulator.prefix_cache import DEFAULT_BLOCK_TOKENS, PromptBlo
 #: `max_batch` of them, the order of a GPU server's pool (vLLM gives a Llama-3-8B ~450k
 #: tokens on an 80 GB card); a benchmark with fewer conversations than that never evicts.
 DEFAULT_PREFIX_CACHE_BLOCKS = 16_384
+#: What the simulator tells of where each request's time went (`timings`, below).
+TIMINGS_MODES = ("vllm", "llamacpp", "none")
 
 
 @dataclass(slots=True)
@@ -54,6 +56,12 @@ class SimulatorConfig:
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     #: KV blocks the prefix cache holds, pinned (running) and evictable (LRU) together.
     prefix_cache_blocks: int = DEFAULT_PREFIX_CACHE_BLOCKS
+    #: Where each request's time went (queue in the engine, prefill, decode), told as:
+    #: "vllm", vLLM's request time histograms in /metrics (and nothing per answer, as
+    #: vLLM); "llamacpp", those and llama.cpp's `timings` object in every OpenAI answer
+    #: (the non-streamed body, the stream's last event); "none", neither. The TGI routes
+    #: send TGI's timing headers on non-streamed answers whatever this says.
+    timings: str = "vllm"
 
     def __post_init__(self) -> None:
         for name in (
@@ -79,6 +87,10 @@ class SimulatorConfig:
             raise ValueError("at least one of the step time knobs must be > 0")
         if not self.model:
             raise ValueError("model must be a non-empty name")
+        if self.timings not in TIMINGS_MODES:
+            raise ValueError(
+                f"timings must be one of {', '.join(TIMINGS_MODES)}, got {self.timings!r}"
+            )
         if not (math.isfinite(self.token_ratio) and self.token_ratio > 0):
             raise ValueError(f"token_ratio must be > 0, got {self.token_ratio}")
 

@@ -45,6 +45,50 @@ MAX_CATCH_UP_S = 0.002
 
 SequenceState = Literal["waiting", "running", "completed", "aborted"]
 
+#: vLLM's buckets for its request time histograms (seconds; `request_latency_buckets`).
+REQUEST_TIME_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class TimeHistogram:
+    """One Prometheus histogram of durations: counts per bucket (the last: above all)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(REQUEST_TIME_BUCKETS) + 1))
+    sum_s: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        index = next(
+            (i for i, top in enumerate(REQUEST_TIME_BUCKETS) if seconds <= top),
+            len(REQUEST_TIME_BUCKETS),
+        )
+        self.counts[index] += 1
+        self.sum_s += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """(le, requests at or below it) as the exposition writes them, +Inf last."""
+        total, buckets = 0, []
+        for top, count in zip((*REQUEST_TIME_BUCKETS, float("inf")), self.counts, strict=True):
+            total += count
+            buckets.append(("+Inf" if top == float("inf") else repr(top), float(total)))
+        return buckets
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Where the time of the completed sequences went, as vLLM's histograms tell it: queue
+    (arrival to admission into the batch), prefill (admission to first token), decode
+    (first token to last)."""
+
+    queue: TimeHistogram = field(default_factory=TimeHistogram)
+    prefill: TimeHistogram = field(default_factory=TimeHistogram)
+    decode: TimeHistogram = field(default_factory=TimeHistogram)
+
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
@@ -93,6 +137,16 @@ class Sequence:
     def finished(self) -> bool:
         return self.state in ("completed", "aborted")
 
+    def times(self) -> tuple[float, float, float] | None:
+        """(queue, prefill, decode) seconds of a completed sequence; None before."""
+        if self.admitted is None or self.first_token is None or self.end is None:
+            return None
+        return (
+            self.admitted - self.arrival,
+            self.first_token - self.admitted,
+            self.end - self.first_token,
+        )
+
     async def next_event(self) -> TokenEvent:
         """Wait for the next token; raises EngineStopped if the engine went away first."""
         event = await self._events.get()
@@ -132,6 +186,7 @@ class Engine:
         self.prefilled_tokens = 0
         self.generated_tokens = 0
         self.busy_s = 0.0
+        self.request_times = RequestTimes()
         #: The most sequences held at once (running + waiting) and the most in the batch, since
         #: start or `reset_peaks()`: the engine's own count, so a gateway's promise that no
         #: more than `max_concurrency` requests reach this server is checked by the server.
@@ -377,5 +432,10 @@ class Engine:
             seq.held = []
         if state == "completed":
             self.completed += 1
+            times = seq.times()
+            if times is not None:
+                self.request_times.queue.observe(times[0])
+                self.request_times.prefill.observe(times[1])
+                self.request_times.decode.observe(times[2])
         else:
             self.aborted += 1

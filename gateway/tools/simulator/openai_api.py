@@ -13,6 +13,13 @@ engine's prefix cache served, always (0 on a miss, 0 with the cache off), as
 OpenAI and llama.cpp's server do; vLLM adds it only under
 `--enable-prompt-tokens-details` and only when non-zero, so a gateway must read
 its absence as "not reported".
+
+With the `timings` knob at "llamacpp", every answer also carries llama.cpp's
+`timings` object (`prompt_n`, `prompt_ms`, `cache_n`, `predicted_n`,
+`predicted_ms` and their rates): in the non-streamed body and on the stream's
+last event (the usage chunk when asked for, else the one with `finish_reason`),
+where llama.cpp's server puts it. Its figures are the engine's own: prefill from
+admission into the batch to the first token, decode from there to the last.
 """
 
 from __future__ import annotations
@@ -106,7 +113,8 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         if params.stream:
             response = await _stream(request, route, params, seq)
         else:
-            response = await _complete(route, params, seq)
+            llamacpp = request.app[CONFIG_KEY].timings == "llamacpp"
+            response = await _complete(route, params, seq, llamacpp)
     except EngineStopped:
         response = _error_response(_STOPPING)
     finally:
@@ -204,6 +212,27 @@ def _usage(params: _Params, seq: Sequence) -> dict[str, Any]:
     }
 
 
+def _timings(seq: Sequence) -> dict[str, Any]:
+    """llama.cpp's `timings` of a completed sequence (`result_timings::to_json`)."""
+    times = seq.times()
+    prefill_s, decode_s = (times[1], times[2]) if times is not None else (0.0, 0.0)
+    prompt_n = max(0, seq.prefill_target - seq.cached_tokens)
+    prompt_ms, predicted_ms = prefill_s * 1000.0, decode_s * 1000.0
+    return {
+        "cache_n": seq.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
+        "prompt_per_token_ms": round(prompt_ms / prompt_n, 3) if prompt_n else 0.0,
+        "prompt_per_second": round(1000.0 * prompt_n / prompt_ms, 3) if prompt_ms else 0.0,
+        "predicted_n": seq.generated,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_token_ms": round(predicted_ms / seq.generated, 3) if seq.generated else 0.0,
+        "predicted_per_second": round(1000.0 * seq.generated / predicted_ms, 3)
+        if predicted_ms
+        else 0.0,
+    }
+
+
 def _sse(obj: dict[str, Any] | str) -> bytes:
     payload = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
     return b"data: " + payload.encode() + b"\n\n"
@@ -226,7 +255,8 @@ async def _stream(
         "model": params.model,
     }
     try:
-        await _write_events(response, chat, head, params, seq)
+        llamacpp = request.app[CONFIG_KEY].timings == "llamacpp"
+        await _write_events(response, chat, head, params, seq, llamacpp)
     except ConnectionResetError:
         pass  # the client left; the caller aborts the sequence
     return response
@@ -238,6 +268,7 @@ async def _write_events(
     head: dict[str, Any],
     params: _Params,
     seq: Sequence,
+    llamacpp: bool,
 ) -> None:
     first = True
     while True:
@@ -256,11 +287,17 @@ async def _write_events(
             }
             await response.write(_sse({**head, "choices": [role]}))
         first = False
-        await response.write(_sse({**head, "choices": [_stream_choice(chat, event)]}))
+        chunk = {**head, "choices": [_stream_choice(chat, event)]}
         if event.finish_reason is not None:
             break
-    if params.include_usage:
-        await response.write(_sse({**head, "choices": [], "usage": _usage(params, seq)}))
+        await response.write(_sse(chunk))
+    # llama.cpp puts its timings on the stream's last event.
+    last = {**head, "choices": [], "usage": _usage(params, seq)} if params.include_usage else None
+    if llamacpp:
+        (last if last is not None else chunk)["timings"] = _timings(seq)
+    await response.write(_sse(chunk))
+    if last is not None:
+        await response.write(_sse(last))
     await response.write(_sse("[DONE]"))
     await response.write_eof()
 
@@ -276,7 +313,7 @@ def _stream_choice(chat: bool, event: TokenEvent) -> dict[str, Any]:
     return {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
 
 
-async def _complete(route: Route, params: _Params, seq: Sequence) -> web.Response:
+async def _complete(route: Route, params: _Params, seq: Sequence, llamacpp: bool) -> web.Response:
     texts: list[str] = []
     while True:
         event = await seq.next_event()
@@ -295,16 +332,17 @@ async def _complete(route: Route, params: _Params, seq: Sequence) -> web.Respons
         }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": event.finish_reason}
-    return web.json_response(
-        {
-            "id": _completion_id(route),
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": params.model,
-            "choices": [choice],
-            "usage": _usage(params, seq),
-        }
-    )
+    body = {
+        "id": _completion_id(route),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": params.model,
+        "choices": [choice],
+        "usage": _usage(params, seq),
+    }
+    if llamacpp:
+        body["timings"] = _timings(seq)
+    return web.json_response(body)
 
 
 def _completion_id(route: Route) -> str:

@@ -16,7 +16,12 @@ from collections.abc import AsyncIterator, Iterator
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from gateway.tools.simulator import openai_api, tgi_api
 from gateway.tools.simulator.config import SimulatorConfig
@@ -126,6 +131,11 @@ class _EngineGauges:
     (prompt tokens computed, cached ones excluded) and `llamacpp:prompt_tokens_cached_total`.
     Neither engine has a gauge of cached blocks: `sim:prefix_cache_blocks` (and its pinned
     share) is the simulator's own.
+
+    Where the completed requests' time went, as vLLM's histograms tell it (unless the
+    `timings` knob is "none"): `vllm:request_queue_time_seconds` (arrival to the batch),
+    `vllm:request_prefill_time_seconds` (to the first token) and
+    `vllm:request_decode_time_seconds` (first token to last), in vLLM's buckets.
     """
 
     def __init__(self, state: SimulatorState) -> None:
@@ -147,6 +157,8 @@ class _EngineGauges:
             family.add_metric([model], value)
             yield family
         yield from self._prefix_cache(model)
+        if self.state.config.timings != "none":
+            yield from self._request_times(model)
         yield GaugeMetricFamily(
             "llamacpp:requests_processing", "Number of requests processing.", value=running
         )
@@ -163,6 +175,20 @@ class _EngineGauges:
             "Number of prompt tokens reused from the cache",
             value=engine.prefix_cache_hits,
         )
+
+    def _request_times(self, model: str) -> Iterator[Metric]:
+        times = self.state.engine.request_times
+        for name, doc, histogram in (
+            ("vllm:request_queue_time_seconds",
+             "Histogram of time spent in WAITING phase for request.", times.queue),
+            ("vllm:request_prefill_time_seconds",
+             "Histogram of time spent in PREFILL phase for request.", times.prefill),
+            ("vllm:request_decode_time_seconds",
+             "Histogram of time spent in DECODE phase for request.", times.decode),
+        ):  # fmt: skip
+            family = HistogramMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], histogram.cumulative(), sum_value=histogram.sum_s)
+            yield family
 
     def _prefix_cache(self, model: str) -> Iterator[Metric]:
         engine, config = self.state.engine, self.state.config

@@ -73,3 +73,12 @@ async def test_cli_main_serves_until_sigterm(session: aiohttp.ClientSession):
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def test_timings_flag():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert config_from_args(parser.parse_args([])).timings == "vllm"
+    assert config_from_args(parser.parse_args(["--timings", "llamacpp"])).timings == "llamacpp"
+    with pytest.raises(ValueError, match="timings must be one of vllm, llamacpp, none"):
+        config_from_args(parser.parse_args(["--timings", "sometimes"]))
