@@ -147,6 +147,10 @@ DOCUMENTED_LOG_FIELDS = frozenset(
         "prefill_ms",
         "decode_ms",
         "timing_source",
+        "tenant",
+        "retry_of",
+        "retry_gap_ms",
+        "retried_outcome",
     }
 )
 
