@@ -66,7 +66,7 @@ def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
         f" (queueing-bound above {QUEUE_BOUND_SHARE:.0%}){_spread(tail)}"
     )
     if tail.get("split_note") and tail["split_note"] != TWO_PART_LOG_NOTE:
-        lines.append(f"    {tail['split_note']}")
+        lines += _wrapped(tail["split_note"])
     return lines
 
 
