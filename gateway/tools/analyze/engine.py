@@ -59,10 +59,14 @@ PART_TEXT = {
     "backend_other_ms": "backend other",
     "gateway_ms": "gateway",
 }
-#: A request saw no engine queue when it waited there at most this long, or this share
-#: of its prefill, whichever is more: an engine's bookkeeping between steps is not a queue.
+#: A request saw no engine queue when it waited there at most this long, this share of
+#: its prefill, or this many of its own decode steps (`tpot_ms`), whichever is more: an
+#: engine's bookkeeping between steps is not a queue, and neither is the step under way
+#: when it arrived (on a CPU engine a decode step of four streams takes ~100 ms, and
+#: llama.cpp starts a new prompt only at the next one).
 NO_QUEUE_MS = 20.0
 NO_QUEUE_SHARE = 0.1
+NO_QUEUE_STEPS = 1.5
 #: Ends this close to a dispatch count as before it: the gateway frees a slot, then
 #: gives it to the next request; the two moments, derived from two lines' timestamps
 #: (µs) and durations (µs), may tie or cross by a rounding.
@@ -82,8 +86,8 @@ BANDS: tuple[tuple[str, float, float], ...] = (
 SLOT_RULE = (
     f"in flight = the backend's requests dispatched (arrival + ttft_ms − backend_ttft_ms, "
     f"else + queue_ms) and not ended when each was sent, itself included; a request queued "
-    f"in the engine when engine_queue_ms > {NO_QUEUE_MS:g} ms and > {NO_QUEUE_SHARE:.0%} of "
-    f"its prefill; a count is judged with ≥ {SLOT_MIN_SAMPLES} requests and queues when more "
+    f"in the engine when engine_queue_ms > {NO_QUEUE_MS:g} ms, > {NO_QUEUE_SHARE:.0%} of "
+    f"its prefill and > {NO_QUEUE_STEPS:g} of its decode steps (tpot_ms); a count is judged with ≥ {SLOT_MIN_SAMPLES} requests and queues when more "
     f"than {SLOT_QUEUED_SHARE:.0%} of them did; advised max_concurrency = the highest "
     f"queue-free count below the lowest queueing one"
 )
@@ -176,7 +180,11 @@ def queued_in_engine(record: Record) -> bool | None:
     wait = number(record, "engine_queue_ms")
     if wait is None:
         return None
-    return wait > max(NO_QUEUE_MS, NO_QUEUE_SHARE * (number(record, "prefill_ms") or 0.0))
+    return wait > max(
+        NO_QUEUE_MS,
+        NO_QUEUE_SHARE * (number(record, "prefill_ms") or 0.0),
+        NO_QUEUE_STEPS * (number(record, "tpot_ms") or 0.0),
+    )
 
 
 def backend_slots(records: Sequence[Record]) -> dict[str, dict[str, Any]]:

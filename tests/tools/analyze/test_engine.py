@@ -16,6 +16,7 @@ from gateway.tools.analyze.engine import (
     backend_slots,
     engine_parts,
     four_part_verdict,
+    queued_in_engine,
 )
 from tests.tools.analyze.support import bursts, engine_run
 
@@ -185,3 +186,12 @@ def test_bands_split_the_ranking_and_the_top_one_is_the_tail() -> None:
     assert bands["<P50"]["engine_queue_ms"] == 0.0 and bands["<P50"]["prefill_ms"] == 100.0
     assert bands["≥P99"]["engine_queue_ms"] == 900.0
     assert bands["≥P99"]["requests"] == tail["size"]
+
+
+def test_the_decode_step_under_way_is_not_an_engine_queue() -> None:
+    """llama.cpp on a CPU starts a new prompt at the next step: ~one decode step of wait."""
+    step = {"prefill_ms": 400.0, "tpot_ms": 110.0}
+    assert queued_in_engine({**step, "engine_queue_ms": 95.0}) is False
+    assert queued_in_engine({**step, "engine_queue_ms": 200.0}) is True
+    assert queued_in_engine({"prefill_ms": 400.0, "engine_queue_ms": 95.0}) is True
+    assert queued_in_engine({"prefill_ms": 400.0}) is None
