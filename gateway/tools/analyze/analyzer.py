@@ -324,6 +324,7 @@ def _engine_queue_advice(
                 "max_in_flight": slot.get("max_in_flight"),
                 "first_queued_in_flight": slot.get("first_queued_in_flight"),
                 "advised_max_concurrency": slot.get("advised_max_concurrency"),
+                "basis": slot.get("basis"),
                 "note": slot.get("note"),
             }
         )

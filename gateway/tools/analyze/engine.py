@@ -33,6 +33,7 @@ Plain functions over plain dicts, like the rest of the analyzer.
 from __future__ import annotations
 
 import bisect
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -228,6 +229,16 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
     first_queued = min(queueing) if queueing else None
     free = [c for c in judged if first_queued is not None and c < first_queued]
     advised = max(free) if free else None
+    ran = engine_ran(spans) if first_queued is not None else None
+    basis = None
+    if advised is not None:
+        basis = f"none queued in the engine at ≤ {advised} in flight, queued from {first_queued}"
+    elif ran is not None:
+        # A steady overload sends nearly every request at a count that queues, so the
+        # counts below it have too few samples; what the engine ran when a queued
+        # request got its seat still says how many it batches.
+        advised = ran
+        basis = f"the engine ran {ran} at once while requests waited in it"
     if first_queued is None:
         note = "no in-flight count queued in the engine"
     elif advised is None and first_queued == 1:
@@ -241,6 +252,28 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         "max_in_flight": max(table) if table else None,
         "first_queued_in_flight": first_queued,
         "advised_max_concurrency": advised,
+        "basis": basis,
         "note": note,
         "by_in_flight": {str(c): row for c, row in table.items()},
     }
+
+
+def engine_ran(spans: list[tuple[float, float, Record]]) -> int | None:
+    """How many requests the engine ran at once while others waited in it: the median,
+    over the requests that queued there, of those running (seated: dispatched plus their
+    engine queue, and not ended) halfway through each one's run, itself included. A
+    request queued, so the engine was full when it got its seat; halfway through its
+    run the seats that freed with it were taken again (requests seated in one step are
+    all running by then). None with fewer than SLOT_MIN_SAMPLES such requests."""
+    runs = [
+        (start + (number(record, "engine_queue_ms") or 0.0) / 1000.0, stop, record)
+        for start, stop, record in spans
+    ]
+    counts = [
+        sum(1 for other_start, other_stop, _ in runs if other_start <= middle < other_stop)
+        for seated, stop, record in runs
+        if queued_in_engine(record) and (middle := (seated + stop) / 2.0) >= seated
+    ]
+    if len(counts) < SLOT_MIN_SAMPLES:
+        return None
+    return max(1, round(statistics.median(counts)))

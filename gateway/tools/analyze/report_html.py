@@ -724,11 +724,7 @@ def _advice_html(advice: dict[str, Any]) -> str:
     head = f"{advice['backend']}: up to {advice['max_in_flight']} in flight"
     if advice["advised_max_concurrency"] is None:
         return f"{head}; no figure for max_concurrency: {advice['note']}."
-    return (
-        f"{head}; none queued in the engine at ≤ {advice['advised_max_concurrency']}, queued "
-        f"from {advice['first_queued_in_flight']}: max_concurrency = "
-        f"{advice['advised_max_concurrency']}."
-    )
+    return f"{head}; {advice['basis']}: max_concurrency = {advice['advised_max_concurrency']}."
 
 
 def _slots_table(backends: dict[str, Any]) -> str:

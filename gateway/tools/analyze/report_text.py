@@ -105,9 +105,7 @@ def _advice_text(advice: dict[str, Any]) -> str:
     if advice["advised_max_concurrency"] is None:
         return f"{head}; no figure: {advice['note']}"
     return (
-        f"{head}; none queued in the engine at ≤ {advice['advised_max_concurrency']}, queued "
-        f"from {advice['first_queued_in_flight']}: set its max_concurrency to "
-        f"{advice['advised_max_concurrency']}"
+        f"{head}; {advice['basis']}: set its max_concurrency to {advice['advised_max_concurrency']}"
     )
 
 
@@ -136,7 +134,7 @@ def slot_lines(backends: dict[str, Any]) -> list[str]:
         if data["advised_max_concurrency"] is not None:
             said = (
                 f"→ it batches {data['advised_max_concurrency']}: max_concurrency "
-                f"{data['advised_max_concurrency']} (queued from {data['first_queued_in_flight']})"
+                f"{data['advised_max_concurrency']} ({data['basis']})"
             )
         else:
             said = f"→ no figure: {data['note']}"

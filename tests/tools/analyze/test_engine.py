@@ -15,6 +15,7 @@ from gateway.tools.analyze.engine import (
     ENGINE_FIELDS,
     backend_slots,
     engine_parts,
+    engine_ran,
     four_part_verdict,
     queued_in_engine,
 )
@@ -42,6 +43,7 @@ def test_a_tail_waiting_in_the_engine_gets_the_max_concurrency_it_batches() -> N
             "max_in_flight": 8,
             "first_queued_in_flight": 5,
             "advised_max_concurrency": 4,
+            "basis": "none queued in the engine at ≤ 4 in flight, queued from 5",
             "note": None,
         }
     ]
@@ -59,7 +61,7 @@ def test_a_tail_waiting_in_the_engine_gets_the_max_concurrency_it_batches() -> N
     assert "engine queue 900.0 (90%), prefill 100.0 (10%)" in prose
     assert "timings of the slowest: engine 16" in prose
     assert (
-        "b0: up to 8 in flight when requests were sent; none queued in the engine at ≤ 4, "
+        "b0: up to 8 in flight when requests were sent; none queued in the engine at ≤ 4 in flight, "
         "queued from 5: set its max_concurrency to 4"
     ) in prose
     assert "TIME SPLIT per lane and percentile band" in report
@@ -195,3 +197,17 @@ def test_the_decode_step_under_way_is_not_an_engine_queue() -> None:
     assert queued_in_engine({**step, "engine_queue_ms": 200.0}) is True
     assert queued_in_engine({"prefill_ms": 400.0, "engine_queue_ms": 95.0}) is True
     assert queued_in_engine({"prefill_ms": 400.0}) is None
+
+
+def test_what_the_engine_ran_says_how_many_it_batches_when_every_send_queued() -> None:
+    """A closed loop of 8 over 4 seats: after the first wave every request is sent at
+    8 in flight and seated in waves of 4 (the first of a wave alone for a moment)."""
+    spans = []
+    for wave in range(6):
+        for seat in range(4):
+            start = max(0.0, wave - 1.0)  # sent when the wave before the last one ended
+            waited_ms = (wave - start) * 1000.0 + seat  # seated a millisecond apart
+            record = {"engine_queue_ms": waited_ms, "prefill_ms": 50.0, "tpot_ms": 10.0}
+            spans.append((start, wave + 1.0, record))
+    assert engine_ran(spans) == 4
+    assert engine_ran(spans[:6]) is None  # two queued requests: too few to judge

@@ -55,7 +55,7 @@ def test_slots_above_what_the_engine_batches_get_an_engine_queue_verdict_and_the
     assert "max_concurrency (sim: 7 → 2)" in prose
     assert (
         "sim: 1: 0/7, 2: 0/13, 3: 24/25, 4: 29/29, 5: 2/2, 6: 6/6, 7: 3/3 → it batches 2: "
-        "max_concurrency 2 (queued from 3)"
+        "max_concurrency 2 (none queued in the engine at ≤ 2 in flight, queued from 3)"
     ) in prose
 
 

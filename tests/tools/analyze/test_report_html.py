@@ -137,7 +137,7 @@ def test_html_report_shows_the_four_parts_and_the_retry_panel(
     # the cards: the engine queue with its figure, and the storm as a verdict of its own
     assert '<div class="verdict">engine-queue-bound</div>' in page
     assert "lower max_concurrency (b0: 8 → 4)" in page
-    assert "none queued in the engine at ≤ 4, queued from 5: max_concurrency = 4." in page
+    assert "none queued in the engine at ≤ 4 in flight, queued from 5: max_concurrency = 4." in page
     slots = page[page.index('<h3 id="engine-slots">') :]
     assert (
         "<tr><td>b0</td><td>160</td><td>8</td><td>5</td><td><b>4</b></td>"
