@@ -31,6 +31,7 @@ from gateway.tools.analyze.engine import (
     PARTS,
     backend_slots,
     band_splits,
+    decode_stall,
     engine_parts,
     four_part_verdict,
     has_engine_fields,
@@ -413,6 +414,8 @@ def _lane(
         for outcome, data in outcomes.items()
         if outcome != "ok"
     ]
+    tail = tail_analysis(records, tail_fraction, slots=slots, split=split)
+    tail["decode_stall"] = decode_stall(records)
     return {
         "requests": total,
         "outcomes": outcomes,
@@ -420,7 +423,7 @@ def _lane(
         "timing_sources": sources(r for r in records if r.get("backend") is not None)
         if split
         else {},
-        "tail": tail_analysis(records, tail_fraction, slots=slots, split=split),
+        "tail": tail,
     }
 
 

@@ -277,3 +277,40 @@ def engine_ran(spans: list[tuple[float, float, Record]]) -> int | None:
     if len(counts) < SLOT_MIN_SAMPLES:
         return None
     return max(1, round(statistics.median(counts)))
+
+
+#: A lane's decode is stalled when its requests' TPOT at P95 is this many times its P50
+#: (over at least STALL_MIN_SAMPLES streams): more streams in a batch slow a token by a
+#: fraction, a prompt prefilled in the same step by whole steps.
+STALL_RATIO = 2.5
+STALL_MIN_SAMPLES = 10
+
+
+def decode_stall(records: Iterable[Record]) -> dict[str, Any] | None:
+    """How long a lane's served streams held their slots and whether their decode stalled.
+
+    A queueing-bound tail behind stalled decode is not fixed by ordering alone: the
+    requests ahead hold their slots longer while another request's prefill runs in the
+    same engine steps (a CPU llama.cpp prefills a whole micro-batch per step). None
+    with too few streams to tell.
+    """
+    served = [r for r in records if r.get("outcome") == "ok" and number(r, "tpot_ms") is not None]
+    if len(served) < STALL_MIN_SAMPLES:
+        return None
+    tpots = [number(r, "tpot_ms") or 0.0 for r in served]
+    holds = [
+        e2e - (number(r, "queue_ms") or 0.0)
+        for r in served
+        if (e2e := number(r, "e2e_ms")) is not None
+    ]
+    p50, p95 = percentile(tpots, 50), percentile(tpots, 95)
+    ratio = p95 / p50 if p50 and p95 is not None else None
+    return {
+        "streams": len(served),
+        "tpot_p50_ms": rounded(p50),
+        "tpot_p95_ms": rounded(p95),
+        "tpot_p95_over_p50": rounded(ratio),
+        "slot_hold_p50_ms": rounded(percentile(holds, 50)),
+        "slot_hold_p90_ms": rounded(percentile(holds, 90)),
+        "stalled": ratio is not None and ratio >= STALL_RATIO,
+    }

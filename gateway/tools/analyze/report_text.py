@@ -51,6 +51,7 @@ def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
     lines.append(
         f"    slowest {pct} = {tail['size']} of {tail['ranked']} requests, measured by {measures}"
     )
+    lines += _stall_lines(tail)
     if tail.get("split") == "four":
         return lines + _four_part_lines(tail)
     lines.append(
@@ -97,6 +98,22 @@ def _four_part_lines(tail: dict[str, Any]) -> list[str]:
     for advice in tail.get("engine_queue_advice", []):
         lines += _wrapped(_advice_text(advice))
     return lines
+
+
+def _stall_lines(tail: dict[str, Any]) -> list[str]:
+    """Under a queueing verdict: the slots were held long because decode stalled."""
+    stall = tail.get("decode_stall")
+    if tail.get("verdict") != "queueing" or not stall or not stall["stalled"]:
+        return []
+    return _wrapped(
+        f"decode stalled: TPOT P95 {fmt_ms(stall['tpot_p95_ms'])} ms is "
+        f"{stall['tpot_p95_over_p50']:.1f}x its P50 ({fmt_ms(stall['tpot_p50_ms'])} ms), so "
+        f"the requests ahead held their slots {fmt_ms(stall['slot_hold_p90_ms'])} ms at P90 "
+        f"(P50 {fmt_ms(stall['slot_hold_p50_ms'])}): other prompts prefilled in the same "
+        "engine steps. Ordering alone does not shorten that; an engine that chunks its "
+        "prefill does (llama.cpp a smaller -ub, vLLM chunked prefill), as do fewer long "
+        "prompts at once"
+    )
 
 
 def _advice_text(advice: dict[str, Any]) -> str:

@@ -211,3 +211,35 @@ def test_what_the_engine_ran_says_how_many_it_batches_when_every_send_queued() -
             spans.append((start, wave + 1.0, record))
     assert engine_ran(spans) == 4
     assert engine_ran(spans[:6]) is None  # two queued requests: too few to judge
+
+
+def stream_line(index: int, tpot_ms: float) -> dict[str, object]:
+    """A served stream of the interactive lane that waited 5 s in the gateway's queue."""
+    return {
+        "event": "request",
+        "request_id": f"r{index}",
+        "lane": "interactive",
+        "outcome": "ok",
+        "stream": True,
+        "backend": "b0",
+        "timestamp": f"2025-12-31T23:43:{index:02d}.000Z",
+        "queue_ms": 5000.0,
+        "backend_ttft_ms": 100.0,
+        "ttft_ms": 5100.0,
+        "tpot_ms": tpot_ms,
+        "e2e_ms": 5100.0 + 31 * tpot_ms,
+        "completion_tokens": 32,
+    }
+
+
+def test_a_queueing_tail_behind_stalled_decode_says_so() -> None:
+    """A tenth of the streams decode at 4x the others' TPOT: the slots ahead were held longer."""
+    stalled = [stream_line(i, 400.0 if i % 10 == 0 else 100.0) for i in range(40)]
+    lane = analyze(stalled)["lanes"]["interactive"]
+    assert lane["tail"]["verdict"] == "queueing"
+    stall = lane["tail"]["decode_stall"]
+    assert stall["stalled"] and stall["tpot_p95_over_p50"] == 4.0
+    assert "decode stalled: TPOT P95 400.0 ms is 4.0x its P50" in format_report(analyze(stalled))
+    steady = [stream_line(i, 110.0 if i % 10 == 0 else 100.0) for i in range(40)]
+    assert not analyze(steady)["lanes"]["interactive"]["tail"]["decode_stall"]["stalled"]
+    assert "decode stalled" not in format_report(analyze(steady))
