@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchlib import ROOT, Process, start_gateway, start_simulator
+from benchlib import ROOT, Process, request_log_lines, start_gateway, start_simulator
 
 sys.path.insert(0, str(ROOT))
 
@@ -167,18 +167,6 @@ def tenant_figures(results: list[Result], tenant: str) -> dict[str, Any]:
 def light_p99(results: list[Result]) -> float | None:
     ttfts = [r.ttft_s * 1000 for r in results if r.tenant in ("B", "C") and r.ttft_s is not None]
     return percentile(ttfts, 99) if ttfts else None
-
-
-def log_lines(path: Path, since: int) -> list[dict[str, Any]]:
-    lines = []
-    for text in path.read_text().splitlines()[since:]:
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if line.get("event") == "request":
-            lines.append(line)
-    return lines
 
 
 def dispatched_at(line: dict[str, Any]) -> float | None:
@@ -350,7 +338,7 @@ async def main() -> int:
             mark = len(log.read_text().splitlines())
             await run(gateways[name].url, both)
             await asyncio.sleep(1.5)
-            windows = service_by_window(log_lines(log, mark), ("W2", "W1"), 30.0)
+            windows = service_by_window(request_log_lines(log, mark), ("W2", "W1"), 30.0)
             ratios = [w["W2"] / w["W1"] if w["W1"] else None for w in windows]
             weights[name] = {"windows": windows, "ratios": ratios}
             shown = ", ".join("-" if r is None else f"{r:.2f}" for r in ratios)
@@ -372,7 +360,7 @@ async def main() -> int:
         print(f"\n== return: E idle for {idle_s:.0f} s, then back", flush=True)
         await run(gateways["fair"].url, ret)
         await asyncio.sleep(1.5)
-        windows = service_by_window(log_lines(log, mark), ("D", "E"), 10.0)
+        windows = service_by_window(request_log_lines(log, mark), ("D", "E"), 10.0)
         shares = [w["E"] / (w["D"] + w["E"]) if w["D"] + w["E"] else None for w in windows]
         first_back = int(back_at // 10)
         after = shares[first_back : first_back + 3]

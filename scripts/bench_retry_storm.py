@@ -40,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import ROOT, Process, start_gateway, start_simulator
+from benchlib import ROOT, Process, request_log_lines, start_gateway, start_simulator
 
 sys.path.insert(0, str(ROOT))
 
@@ -97,19 +97,6 @@ async def measure_capacity(gateway: str) -> float:
 
 def log_length(path: Path) -> int:
     return len(path.read_text().splitlines())
-
-
-def request_lines(path: Path, since: int) -> list[dict[str, Any]]:
-    """The request lines of the log from line `since` on (one run's)."""
-    lines = []
-    for text in path.read_text().splitlines()[since:]:
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        if line.get("event") == "request":
-            lines.append(line)
-    return lines
 
 
 def queued(line: dict[str, Any]) -> bool:
@@ -293,7 +280,7 @@ async def main() -> int:
             run = await run_open_loop(gateways[name].url, schedule, retry=retry, timeout_s=120)
             await asyncio.sleep(1.5)  # the last log lines
             used = cpu_s(gateways[name]) - cpu_before
-            results[name] = figures(request_lines(log, mark), run, args.duration, used)
+            results[name] = figures(request_log_lines(log, mark), run, args.duration, used)
             await asyncio.sleep(3.0)  # the backend idle again before the next run
         summary["runs"] = results
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import socket
 import subprocess
@@ -18,10 +19,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def request_log_lines(path: Path, since: int = 0) -> list[dict[str, Any]]:
+    """The gateway log's per-request lines from line `since` on (one run's); others skipped."""
+    lines = []
+    for text in path.read_text().splitlines()[since:]:
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(line, dict) and line.get("event") == "request":
+            lines.append(line)
+    return lines
 
 
 def free_port() -> int:

@@ -167,9 +167,21 @@ def _parts_of(tail: dict[str, Any]) -> tuple[str, ...]:
     return FOUR_PARTS if tail.get("split") == "four" else TWO_PARTS
 
 
+def _parts_legend(fig: Any, drawn: Sequence[str]) -> None:
+    """One legend over the figure for the time parts its bars drew, in the parts' order."""
+    from matplotlib.patches import Patch
+
+    order = [part for part in (*FOUR_PARTS, "backend_ms") if part in drawn]
+    fig.legend(
+        handles=[Patch(color=PART_COLOUR[part], label=PART_LEGEND[part]) for part in order],
+        loc="outside upper center",
+        ncols=min(4, len(order)),
+        frameon=False,
+    )
+
+
 def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     # A lane whose slowest requests were all refused at the door has nothing to split.
     lanes = [
@@ -218,13 +230,7 @@ def _tail_figure(analysis: dict[str, Any], records: Sequence[Record]) -> Any:
             color=VERDICT_COLOUR[verdict],
         )
         ax.set_xlabel("ms")
-    order = [part for part in (*FOUR_PARTS, "backend_ms") if part in drawn]
-    fig.legend(
-        handles=[Patch(color=PART_COLOUR[part], label=PART_LEGEND[part]) for part in order],
-        loc="outside upper center",
-        ncols=min(4, len(order)),
-        frameon=False,
-    )
+    _parts_legend(fig, drawn)
     return fig
 
 
@@ -268,7 +274,6 @@ def _common_prefix(values: Sequence[str]) -> str:
 def _band_figure(analysis: dict[str, Any]) -> Any:
     """Per lane, a stacked bar of the mean parts in each percentile band."""
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
     lanes = [lane for lane, data in analysis["lanes"].items() if data["tail"].get("bands")]
     heights = [len(analysis["lanes"][lane]["tail"]["bands"]) for lane in lanes] or [1]
@@ -298,13 +303,7 @@ def _band_figure(analysis: dict[str, Any]) -> Any:
         ax.tick_params(axis="y", length=0)
         ax.set_title(lane, loc="left", fontsize=11, fontweight="bold")
         ax.set_xlabel("mean ms")
-    order = [part for part in (*FOUR_PARTS, "backend_ms") if part in drawn]
-    fig.legend(
-        handles=[Patch(color=PART_COLOUR[part], label=PART_LEGEND[part]) for part in order],
-        loc="outside upper center",
-        ncols=min(4, len(order)),
-        frameon=False,
-    )
+    _parts_legend(fig, drawn)
     return fig
 
 
