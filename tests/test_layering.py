@@ -130,3 +130,47 @@ def test_imports_keep_to_the_layering(rule: Rule) -> None:
         if rule.breaks(target)
     ]
     assert violations == []
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a loop (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while (member := stack.pop()) != module:
+                group.append(member)
+            if group:
+                cycles.append(sorted([module, *group]))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_loop_through_three_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """A loop, even through `TYPE_CHECKING` imports, means two rooms are really one."""
+    graph = {
+        module: {target for _, target in imported(module, path) if target in MODULES} - {module}
+        for module, path in MODULES.items()
+    }
+    assert import_cycles(graph) == []

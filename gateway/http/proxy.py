@@ -27,7 +27,8 @@ from gateway.fleet.quotas import QuotaReservation
 from gateway.http.errors import error_response, refusal_body, status_of
 from gateway.http.keepalive import WAITING, EarlyStream
 from gateway.observability.record import RequestRecord, clock
-from gateway.observability.tracing import TraceContext, incoming_trace
+from gateway.observability.trace_context import TraceContext
+from gateway.observability.tracing import incoming_trace
 from gateway.outcomes import (
     BodyTooLarge,
     InvalidRequest,

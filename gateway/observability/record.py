@@ -20,7 +20,7 @@ from gateway.outcomes import Outcome
 from gateway.upstream.engine_timings import EngineReport, EngineTimings
 
 if TYPE_CHECKING:
-    from gateway.observability.tracing import TraceContext
+    from gateway.observability.trace_context import TraceContext
 
 #: The clock of every timestamp on a record (and of the scheduler's estimates).
 clock = time.perf_counter

@@ -26,13 +26,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from gateway.observability.trace_context import parse_traceparent
 from gateway.observability.tracing import (
     ADMISSION_SPAN,
     BACKEND_TTFT_SPAN,
     QUEUE_SPAN,
     ROOT_SPAN,
     STREAM_SPAN,
-    parse_traceparent,
 )
 from tests.conftest import chat, free_port, wait_ready
 from tests.observability.test_tracing import RecordingSimulator, start_recording_simulator

@@ -27,6 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.config import Settings, TracingSettings
 from gateway.observability.record import RequestRecord, clock
+from gateway.observability.trace_context import client_parent_of, parse_traceparent
 from gateway.observability.tracing import (
     ADMISSION_SPAN,
     BACKEND_TTFT_SPAN,
@@ -34,10 +35,8 @@ from gateway.observability.tracing import (
     ROOT_SPAN,
     STREAM_SPAN,
     build_tracer,
-    client_parent_of,
     incoming_trace,
     make_tracer,
-    parse_traceparent,
 )
 from gateway.tools.simulator import SimulatorConfig
 from gateway.tools.simulator.server import build_simulator_app
