@@ -636,6 +636,8 @@ def _page(
         "<h2>Rejections, timeouts and errors</h2>",
         _failure_table(analysis),
     ]
+    if analysis.get("models"):
+        parts += ['<h2 id="models-panel">Per model</h2>', _model_table(analysis["models"])]
     if analysis.get("tenants"):
         parts += [
             '<h2 id="tenants-panel">Tenants</h2>',
@@ -854,6 +856,31 @@ def _latency_table(analysis: dict[str, Any]) -> str:
             )
     rows.append("</tbody></table>")
     return "\n".join(rows)
+
+
+def _model_table(models: dict[str, Any]) -> str:
+    """Each model's lanes: its own pool and queue, so its own verdict."""
+    e = html.escape
+    rows = []
+    for model, data in models.items():
+        pools = ", ".join(p for p in data["pools"] if p != model)
+        for lane, summary in data["lanes"].items():
+            ok = summary["outcomes"].get("ok") or {"count": 0, "latency": {}}
+            ttft = ok["latency"].get("ttft_ms") or {}
+            queue = ok["latency"].get("queue_ms") or {}
+            rows.append(
+                f"<tr><td class='text'>{e(model)}</td><td class='text'>{e(pools)}</td>"
+                f"<td class='text'>{e(lane)}</td><td>{summary['requests']}</td>"
+                f"<td>{ok['count']}</td><td>{fmt_ms(ttft.get('p50'))}</td>"
+                f"<td>{fmt_ms(ttft.get('p99'))}</td><td>{fmt_ms(queue.get('p99'))}</td>"
+                f"<td class='text'>{e(summary['tail'].get('verdict') or '-')}</td></tr>"
+            )
+    return (
+        '<table><thead><tr><th class="text">model</th><th class="text">pool (when another)</th>'
+        '<th class="text">lane</th><th>requests</th><th>ok</th><th>TTFT p50</th>'
+        '<th>TTFT p99</th><th>queue p99</th><th class="text">verdict</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _failure_table(analysis: dict[str, Any]) -> str:

@@ -248,6 +248,9 @@ def format_report(analysis: dict[str, Any]) -> str:
                 f"  {lane[:23]:<24}{failure['reason'][:31]:<32}{failure['count']:>8}"
                 f"{total:>12}{failure['percent']:>11.1f}%"
             )
+    models = analysis.get("models")
+    if models:
+        out += ["", *model_lines(models)]
     predictor = analysis.get("predictor")
     if predictor:
         out += ["", *predictor_lines(predictor)]
@@ -266,6 +269,32 @@ def format_report(analysis: dict[str, Any]) -> str:
         subsequent_indent="  ",
     )
     return "\n".join(out) + "\n"
+
+
+def model_lines(models: dict[str, Any]) -> list[str]:
+    """One row per model and lane: what each model's clients got, and its own verdict."""
+    out = [
+        f"PER MODEL ({len(models)} models; each has its own pool, queue and slots)",
+        f"  {'model → pool':<28}{'lane':<14}{'requests':>9}{'ok %':>7}"
+        f"{'ttft p50':>10}{'ttft p99':>10}{'queue p99':>10}  verdict",
+    ]
+    for model, data in models.items():
+        pools = ", ".join(p for p in data["pools"] if p != model)
+        label = f"{model} → {pools}" if pools else model
+        for i, (lane, summary) in enumerate(data["lanes"].items()):
+            ok = summary["outcomes"].get("ok")
+            share = 100.0 * ok["count"] / summary["requests"] if ok else 0.0
+            latency = ok["latency"] if ok else {}
+            ttft = latency.get("ttft_ms") or {}
+            queue = latency.get("queue_ms") or {}
+            verdict = summary["tail"].get("verdict") or "-"
+            name = label[:27] if i == 0 else ""
+            out.append(
+                f"  {name:<28}{lane[:13]:<14}{summary['requests']:>9}{share:>7.1f}"
+                f"{fmt_ms(ttft.get('p50')):>10}{fmt_ms(ttft.get('p99')):>10}"
+                f"{fmt_ms(queue.get('p99')):>10}  {verdict}"
+            )
+    return out
 
 
 def predictor_lines(predictor: dict[str, Any]) -> list[str]:
