@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if status == 0 and args.probe:
             status = probe_backends(settings)
         if status == 0 and args.nginx:
-            from gateway.nginx_check import check_nginx_file
+            from gateway.checks.nginx import check_nginx_file
 
             status = check_nginx_file(settings, args.nginx)
         return status

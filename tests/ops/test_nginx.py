@@ -1,6 +1,6 @@
 """nginx in front of the gateway: the shipped `config/nginx.conf` and `check-config --nginx`.
 
-The first part checks the checker (`gateway/nginx_check.py`) on small snippets: its
+The first part checks the checker (`gateway/checks/nginx.py`) on small snippets: its
 tokenizer, nginx's location choice and inheritance, and each warning, fired and
 quiet. The second runs a real nginx (Debian's package, as `nobody` when the tests
 run as root) with the shipped file in front of a real gateway in front of the
@@ -26,9 +26,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from gateway.cli import main
-from gateway.config import LaneSettings, Settings, load_settings
-from gateway.nginx_check import (
+from gateway.checks.nginx import (
     NginxConfigError,
     api_scopes,
     load,
@@ -40,6 +38,8 @@ from gateway.nginx_check import (
     servers,
     tokenize,
 )
+from gateway.cli import main
+from gateway.config import LaneSettings, Settings, load_settings
 from tests.conftest import RunningGateway, StartGateway, StartSimulator, chat, free_port
 from tests.ops.conftest import ROOT
 from tests.ops.nginx import (
