@@ -3,7 +3,10 @@
 - admission and scheduling are pure policy: no aiohttp, no HTTP handlers, no upstream;
 - upstream (pool, relay, retry) knows nothing of the HTTP handlers;
 - observability reads a RequestRecord and knows nothing of the HTTP handlers;
-- the simulator is an independent witness: it imports nothing of the gateway but itself.
+- the simulator is an independent witness: it imports nothing of the gateway but itself;
+- no modules import each other, directly or round a loop (a package's `__init__` that
+  re-exports its modules counts: a module importing names from its own package's
+  `__init__` closes a loop).
 
 Every import counts: at module level, inside functions, and under `TYPE_CHECKING` (a
 type-only import still ties one room to another).
