@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import io
-import json
 import os
 import signal
 import socket
@@ -24,16 +22,14 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from gateway.admission.tokens import EncodingUnavailable, load_encoding
+from gateway.admission.tokens import EncodingUnavailable
 from gateway.config import (
     BackendSettings,
     ConfigError,
     Settings,
     consistency_warnings,
     load_settings,
-    unrecognized_env_names,
 )
-from gateway.fleet.store import mask_url_password
 from gateway.http.door import DoorSite
 from gateway.observability.logs import make_logger
 
@@ -127,6 +123,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     if args.command == "check-config":
+        from gateway.checks.probe import probe_backends
+        from gateway.checks.settings import check_config
+
         status = check_config(settings)
         if status == 0 and args.probe:
             status = probe_backends(settings)
@@ -140,75 +139,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return write_page(settings, args.config, args.output)
     return serve(settings)
-
-
-def check_config(settings: Settings) -> int:
-    try:
-        load_encoding(settings.tokenizer.encoding)
-    except EncodingUnavailable as exc:
-        print(f"config error: [tokenizer].encoding: {exc}", file=sys.stderr)
-        return 2
-    effective = settings.to_dict()  # fresh dicts: masking the secrets leaves settings be
-    for api_key in effective["api_keys"]:
-        api_key["key"] = "***"  # never print secrets
-    for backend in effective["backends"]:
-        if backend["api_key"] is not None:
-            backend["api_key"] = "***"
-    if effective["shadow"]["api_key"] is not None:
-        effective["shadow"]["api_key"] = "***"
-    effective["redis"]["url"] = mask_url_password(effective["redis"]["url"])
-    effective["lane_slot_limits"] = {
-        lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
-    }
-    print(json.dumps(effective, indent=2))
-    for warning in consistency_warnings(settings):
-        print(f"warning: {warning}", file=sys.stderr)
-    for name in unrecognized_env_names(os.environ):
-        print(f"warning: environment variable {name} sets no setting (typo?)", file=sys.stderr)
-    if not settings.backends:
-        print(
-            "note: no backend configured; `serve` will start the built-in simulator",
-            file=sys.stderr,
-        )
-    return 0
-
-
-def probe_backends(settings: Settings) -> int:
-    """`check-config --probe`: what each backend says and how fast it prefills, printed as
-    JSON, and a warning for each lane whose deadline is below the measured engine floor."""
-    if not settings.backends:
-        print("note: no backend to probe", file=sys.stderr)
-        return 0
-    report = asyncio.run(_probe(settings))
-    print(json.dumps({"probe": report}, indent=2))
-    for lane in report["lanes"]:
-        floor = lane["engine_floor_s"]
-        if floor is not None and floor > lane["configured_timeout_s"]:
-            print(
-                f"warning: lane '{lane['lane']}': queue_timeout_s {lane['configured_timeout_s']:g} s "
-                f"is below the measured engine floor {floor:.2f} s (one long prefill ahead plus "
-                f"its own); the deadline in force is {lane['deadline_s']:.2f} s",
-                file=sys.stderr,
-            )
-    return 0
-
-
-async def _probe(settings: Settings) -> dict[str, Any]:
-    import aiohttp
-
-    from gateway.app import build_app
-    from gateway.state import GATEWAY
-    from gateway.upstream.telemetry import fetch_load
-
-    state = build_app(settings, log_stream=io.StringIO())[GATEWAY]
-    timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        for backend in state.pool.backends:
-            load = await fetch_load(session, backend.url, backend.auth_headers)
-            state.sizer.apply_load(backend, load)
-        await state.sizer.warm_up(session)
-    state.counter.close()
-    return {"backends": state.sizer.describe(), "lanes": state.sizer.describe_lanes()}
 
 
 def serve(settings: Settings) -> int:

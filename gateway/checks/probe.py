@@ -1,0 +1,49 @@
+"""`check-config --probe`: each backend asked what it is and timed, before any traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+from typing import Any
+
+from gateway.config import Settings
+
+
+def probe_backends(settings: Settings) -> int:
+    """`check-config --probe`: what each backend says and how fast it prefills, printed as
+    JSON, and a warning for each lane whose deadline is below the measured engine floor."""
+    if not settings.backends:
+        print("note: no backend to probe", file=sys.stderr)
+        return 0
+    report = asyncio.run(_probe(settings))
+    print(json.dumps({"probe": report}, indent=2))
+    for lane in report["lanes"]:
+        floor = lane["engine_floor_s"]
+        if floor is not None and floor > lane["configured_timeout_s"]:
+            print(
+                f"warning: lane '{lane['lane']}': queue_timeout_s {lane['configured_timeout_s']:g} s "
+                f"is below the measured engine floor {floor:.2f} s (one long prefill ahead plus "
+                f"its own); the deadline in force is {lane['deadline_s']:.2f} s",
+                file=sys.stderr,
+            )
+    return 0
+
+
+async def _probe(settings: Settings) -> dict[str, Any]:
+    import aiohttp
+
+    from gateway.app import build_app
+    from gateway.state import GATEWAY
+    from gateway.upstream.telemetry import fetch_load
+
+    state = build_app(settings, log_stream=io.StringIO())[GATEWAY]
+    timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for backend in state.pool.backends:
+            load = await fetch_load(session, backend.url, backend.auth_headers)
+            state.sizer.apply_load(backend, load)
+        await state.sizer.warm_up(session)
+    state.counter.close()
+    return {"backends": state.sizer.describe(), "lanes": state.sizer.describe_lanes()}
