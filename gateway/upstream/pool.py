@@ -447,7 +447,14 @@ class BackendPool:
         adapter = self._adapter_of(lane, hint)
         adapter_reason = None
         if adapter is not None:
-            candidates, adapter_reason = self._adapter_candidates(adapter, candidates)
+            # It may wait for a full backend that runs it, as long as for a sooner one.
+            may_wait = waited_s is not None and waited_s < min(
+                self.routing.max_wait_for_sooner_s,
+                hint.wait_budget_s if hint is not None else math.inf,
+            )
+            candidates, adapter_reason = self._adapter_candidates(
+                lane, adapter, candidates, may_wait, now
+            )
             if not candidates:  # those that serve it are full: let the ones behind go
                 return Deferred(self.health.interval_s)
         routing = self.routing
@@ -531,16 +538,28 @@ class BackendPool:
         return model if any(model in b.lora.listed for b in self.backends_of(lane)) else None
 
     def _adapter_candidates(
-        self, adapter: str, candidates: list[Backend]
+        self, lane: str, adapter: str, candidates: list[Backend], may_wait: bool, now: float
     ) -> tuple[list[Backend], str | None]:
-        """The candidates an adapter's request should choose among (`adapters.py`)."""
+        """The candidates an adapter's request should choose among (`adapters.py`); none
+        while it had better wait for a full backend that runs it."""
+        runs_elsewhere = may_wait and any(
+            b not in candidates and b.available(now) and adapter in b.lora.active()
+            for b in self.backends_of(lane)
+        )
         names, reason = preferred_backends(
             adapter,
             [
-                AdapterCandidate(b.name, adapter in b.lora.listed, b.lora.active(), b.lora.max_lora)
+                AdapterCandidate(
+                    b.name,
+                    adapter in b.lora.listed,
+                    b.lora.active(),
+                    b.lora.max_lora,
+                    b.lora.loaded(),
+                )
                 for b in candidates
             ],
             self._adapter_home.get(adapter),
+            runs_elsewhere,
         )
         return [b for b in candidates if b.name in names], reason
 

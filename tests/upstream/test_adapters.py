@@ -81,6 +81,39 @@ def test_our_requests_count_at_once_and_an_ended_one_outdates_the_scrape():
     assert lora.active() == {"a1"}
 
 
+def test_an_adapter_that_ran_last_stays_loaded_after_its_requests_end():
+    lora = BackendAdapters()
+    lora.note_scrape([], [], 2, now=1.0)
+    for adapter in ("a1", "a2", "a3"):
+        lora.dispatched(adapter)
+        lora.ended(adapter, now=2.0)
+    # The engine keeps the last max_lora it ran (LRU): a1 is out, a2 and a3 are in.
+    assert lora.active() == frozenset() and lora.loaded() == {"a2", "a3"}
+    lora.dispatched("a2")  # used again: now the most recent
+    lora.ended("a2", now=3.0)
+    lora.dispatched("a4")
+    assert lora.loaded() == {"a2", "a4"}
+    # An engine that does not say its max_lora: only the last one counts as loaded.
+    assert BackendAdapters(recent=lora.recent.copy()).loaded() == {"a4"}
+
+
+def test_a_backend_with_the_adapter_still_loaded_wins_and_new_ones_avoid_evicting():
+    def c(name: str, active: str, loaded: str) -> AdapterCandidate:
+        split = lambda text: frozenset(a for a in text.split(",") if a)  # noqa: E731
+        return AdapterCandidate(name, True, split(active), 2, split(loaded))
+
+    # Idle backends: a1 goes back where it was loaded, not to the one with most room.
+    candidates = [c("b1", "", "a1,a2"), c("b2", "", "a3")]
+    assert preferred_backends("a1", candidates, None) == (["b1"], BY_ADAPTER_RUNNING)
+    # Loaded but no room to run it (two others running): not a place that runs it.
+    assert preferred_backends("a1", [c("b1", "a3,a4", "a1,a3,a4"), c("b2", "", "")], None) == (
+        ["b2"],
+        BY_ADAPTER_ROOM,
+    )
+    # A new adapter goes where it evicts none that is loaded: b2 has a free place.
+    assert preferred_backends("a4", candidates, None) == (["b2"], BY_ADAPTER_ROOM)
+
+
 # vLLM 0.8+ with --enable-lora --max-loras 2: the gauge keeps every label set it was ever
 # set with, valued at the time it was last set; the newest is the current one.
 VLLM_LORA = """\
