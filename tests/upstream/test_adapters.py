@@ -156,3 +156,35 @@ def test_models_listing_records_the_adapters_of_the_base():
     listing["data"] = listing["data"][:1]
     facts = facts_from_models(listing)
     assert facts is not None and facts.adapters is None
+
+
+def test_a_request_waits_for_a_full_backend_running_its_adapter_rather_than_evict_one():
+    from gateway.upstream.adapters import WAIT_FOR_ADAPTER
+
+    # b1 runs a1 but has no free slot (no candidate); b2 has room but a2 and a3 loaded.
+    b2 = AdapterCandidate("b2", True, frozenset({"a2"}), 2, frozenset({"a2", "a3"}))
+    assert preferred_backends("a1", [b2], None, runs_elsewhere=True) == ([], WAIT_FOR_ADAPTER)
+    # Past its wait (the pool passes runs_elsewhere=False), it takes the room.
+    assert preferred_backends("a1", [b2], None) == (["b2"], BY_ADAPTER_ROOM)
+    # A free place costs nobody a swap: taken at once.
+    b3 = AdapterCandidate("b3", True, frozenset(), 2, frozenset({"a4"}))
+    assert preferred_backends("a1", [b2, b3], None, runs_elsewhere=True) == (
+        ["b3"],
+        BY_ADAPTER_ROOM,
+    )
+
+
+def test_an_adapter_probably_still_loaded_is_preferred_while_there_is_room_to_run_it():
+    lora = BackendAdapters()
+    lora.note_scrape([], [], 2, now=0.0)
+    for adapter in ("a1", "a2", "a3"):
+        lora.dispatched(adapter)
+        lora.ended(adapter, now=1.0)
+    assert lora.loaded() == {"a2", "a3"} and lora.active() == frozenset()
+    idle = AdapterCandidate("b1", True, lora.active(), 2, lora.loaded())
+    empty = AdapterCandidate("b2", True, frozenset(), 2, frozenset())
+    assert preferred_backends("a3", [idle, empty], None) == (["b1"], BY_ADAPTER_RUNNING)
+    # a1 was unloaded there (least recently used): it goes where nothing is evicted.
+    assert preferred_backends("a1", [idle, empty], None) == (["b2"], BY_ADAPTER_ROOM)
+    busy = AdapterCandidate("b1", True, frozenset({"a5", "a6"}), 2, lora.loaded())
+    assert preferred_backends("a3", [busy, empty], None) == (["b2"], BY_ADAPTER_ROOM)
