@@ -94,6 +94,11 @@ bench-fairness: $(STAMP)
 bench-cache: $(STAMP)
 	$(PY) scripts/bench_cache.py $(ARGS)
 
+.PHONY: bench-adapters
+## bench-adapters: 4 LoRA adapters on 2 simulators (max_lora 2), model-blind vs adapter-aware routing, ~2 min (--seconds 10 --reps 1: ~1)
+bench-adapters: $(STAMP)
+	$(PY) scripts/bench_adapters.py $(ARGS)
+
 .PHONY: bench-replicas
 ## bench-replicas: 3 gateway replicas sharing Redis: slots, quota, SIGKILL, Redis outage, lease cost, ~6 min (ARGS=--quick ~3)
 bench-replicas: $(STAMP)

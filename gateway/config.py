@@ -262,6 +262,10 @@ class RoutingSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     #: Choose the lane by the prompt's uncached part (a long prompt that is mostly cached
     #: is a short request for the engine). Off: the lane is chosen by the whole prompt.
     lane_by_uncached_tokens: bool = False
+    #: Send a LoRA adapter's request (its `model` an adapter a backend lists in /v1/models)
+    #: to a backend that runs that adapter now, else one with room for another, so engines
+    #: swap adapters rarely (`upstream/adapters.py`). Off: adapters are routed by load alone.
+    adapter_affinity: bool = True
 
 
 class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -168,11 +168,12 @@ WAIT_FOR_SOONER_SHARE = 0.5
 def route_hint(
     request: web.Request, shape: RequestShape, client: str | None, deadline_s: float
 ) -> RouteHint:
-    """What the pool may route by besides load: the prompt's blocks and its session."""
+    """What the pool may route by besides load: the prompt's blocks, its session, its model."""
     return RouteHint(
         shape.prefix,
         session_key(request.headers.get(SESSION_HEADER), shape.body.get("user"), client),
         wait_budget_s=WAIT_FOR_SOONER_SHARE * deadline_s,
+        model=model if isinstance(model := shape.body.get("model"), str) else None,
     )
 
 

@@ -51,6 +51,11 @@ the order they began to wait, while another backend has room. Picking and reserv
 a slot is one synchronous step: two requests cannot race for the same "least loaded"
 backend.
 
+LoRA adapters (`[routing] adapter_affinity`): a request whose `model` is an adapter
+some backend of the lane lists goes only to backends that list it, and among them to
+one that runs it now, else one with room for another adapter (`adapters.py`); when
+all that list it are full it waits (`Deferred`), letting the requests behind it go.
+
 Health: a backend is available while its last active check passed and it is
 not ejected. Consecutive failures (connect errors, 5xx, first-byte timeouts)
 eject it for a cooldown that doubles on each repeat; it comes back by itself.
@@ -74,6 +79,7 @@ from gateway.config import (
 from gateway.outcomes import NoBackend, Outcome
 from gateway.scheduling.learning import BackendModel
 from gateway.scheduling.scheduler import Deferred
+from gateway.upstream.adapters import AdapterCandidate, BackendAdapters, preferred_backends
 from gateway.upstream.affinity import rendezvous_weight
 from gateway.upstream.engine_timings import WindowSplit
 from gateway.upstream.prefix_index import PrefixIndex
@@ -150,6 +156,8 @@ class RouteHint:
     #: Longest it may wait in line for a better backend than a free one (half its queue
     #: deadline: the rest is for the wait it cannot avoid).
     wait_budget_s: float = math.inf
+    #: The request's `model`: a LoRA adapter goes where it runs (`adapters.py`).
+    model: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -212,6 +220,8 @@ class Backend:
     hold_s: float | None = None
     #: Requests deferred to wait for room here, in the order they began to wait.
     waiters: WeakKeyDictionary[RouteHint, Wait] = field(default_factory=WeakKeyDictionary)
+    #: Its LoRA adapters: listed, running in its engine, and sent there by this gateway.
+    lora: BackendAdapters = field(default_factory=BackendAdapters)
     _prefilling: set[Slot] = field(default_factory=set)
 
     @classmethod
@@ -326,6 +336,8 @@ class Slot:
     reason: str = BY_LOAD
     #: Its lease in Redis ([redis]); None: none (no Redis, or Redis down at dispatch).
     lease: str | None = None
+    #: The LoRA adapter it was routed for (None: not routed as one).
+    adapter: str | None = None
 
 
 class BackendPool:
@@ -357,6 +369,8 @@ class BackendPool:
         #: slot leases shared with other replicas follow them).
         self.on_prefill_done: Callable[[Slot], None] | None = None
         self.on_give_back: Callable[[Slot], None] | None = None
+        #: Each LoRA adapter's last backend, so its requests stay together.
+        self._adapter_home: dict[str, str] = {}
 
     def backends_of(self, lane: str) -> list[Backend]:
         return self._lane_backends.get(lane, self.backends)
@@ -430,6 +444,19 @@ class BackendPool:
         ]
         if not candidates:
             return None
+        adapter = self._adapter_of(lane, hint)
+        adapter_reason = None
+        if adapter is not None:
+            # It may wait for a full backend that runs it, as long as for a sooner one.
+            may_wait = waited_s is not None and waited_s < min(
+                self.routing.max_wait_for_sooner_s,
+                hint.wait_budget_s if hint is not None else math.inf,
+            )
+            candidates, adapter_reason = self._adapter_candidates(
+                lane, adapter, candidates, may_wait, now
+            )
+            if not candidates:  # those that serve it are full: let the ones behind go
+                return Deferred(self.health.interval_s)
         routing = self.routing
         prefix = hint.prefix if hint is not None and routing.prefix_affinity else None
         session = hint.session if hint is not None and routing.session_affinity else None
@@ -489,13 +516,52 @@ class BackendPool:
                     backend.waiters.pop(hint, None)
         if best.cached:
             reason = BY_PREFIX
+        elif adapter_reason is not None:
+            reason = adapter_reason
         else:
             reason = BY_SESSION if best.backend is affine and not best.key[1] else BY_LOAD
         slot = self._reserve(
             best.backend, prompt_tokens, output_tokens, best.cached, reason, prefix, now
         )
         slot.matched_tokens = best.matched
+        if adapter is not None:
+            slot.adapter = adapter
+            best.backend.lora.dispatched(adapter)
+            self._adapter_home[adapter] = best.backend.name
         return slot
+
+    def _adapter_of(self, lane: str, hint: RouteHint | None) -> str | None:
+        """The request's model when it is a LoRA adapter a backend of the lane lists."""
+        model = hint.model if hint is not None else None
+        if model is None or not self.routing.adapter_affinity:
+            return None
+        return model if any(model in b.lora.listed for b in self.backends_of(lane)) else None
+
+    def _adapter_candidates(
+        self, lane: str, adapter: str, candidates: list[Backend], may_wait: bool, now: float
+    ) -> tuple[list[Backend], str | None]:
+        """The candidates an adapter's request should choose among (`adapters.py`); none
+        while it had better wait for a full backend that runs it."""
+        runs_elsewhere = may_wait and any(
+            b not in candidates and b.available(now) and adapter in b.lora.active()
+            for b in self.backends_of(lane)
+        )
+        names, reason = preferred_backends(
+            adapter,
+            [
+                AdapterCandidate(
+                    b.name,
+                    adapter in b.lora.listed,
+                    b.lora.active(),
+                    b.lora.max_lora,
+                    b.lora.loaded(),
+                )
+                for b in candidates
+            ],
+            self._adapter_home.get(adapter),
+            runs_elsewhere,
+        )
+        return [b for b in candidates if b.name in names], reason
 
     def _defer(
         self,
@@ -640,6 +706,8 @@ class BackendPool:
         )
         backend.in_flight -= 1
         backend.outstanding_tokens -= slot.prompt_tokens + slot.output_tokens
+        if slot.adapter is not None:
+            backend.lora.ended(slot.adapter, self.clock())
         if self.on_give_back is not None:
             self.on_give_back(slot)
 

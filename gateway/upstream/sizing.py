@@ -13,6 +13,10 @@ Every health-check round (and once at start) it
   the last scrape's, give the mean split of the requests that ended in between
   (`Backend.engine_window`), with the mean prompt the gateway saw end there
   meanwhile, to set the engine's prefill against the gateway's estimates;
+- with LoRA on (the backend lists adapters, or its engine reports them), reads its
+  adapters every round (`/v1/models`: an adapter loaded at run time is routed to
+  after the next check) and the ones at work (`vllm:lora_requests_info`) into
+  `Backend.lora`, which `adapters.py` routes by;
 - refits the lanes: slot limits from the backends' slots, and deadlines to the
   engine floor the backends' learned prefill rates imply (`fitting`), with a
   warning naming the numbers when a configured deadline is below it;
@@ -38,7 +42,13 @@ from gateway.scheduling.scheduler import LaneState, Scheduler
 from gateway.upstream.engine_timings import window_split
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.probe import measure_prefill
-from gateway.upstream.telemetry import BackendFacts, EngineLoad, fetch_load, probe_facts
+from gateway.upstream.telemetry import (
+    BackendFacts,
+    EngineLoad,
+    fetch_adapters,
+    fetch_load,
+    probe_facts,
+)
 
 #: Ask a backend what it is every this many health rounds (it rarely changes).
 FACTS_EVERY_ROUNDS = 12
@@ -93,16 +103,26 @@ class BackendSizer:
             self.events.warning("sizing_failed", error=repr(error)[:200])
 
     async def _round(self, session: aiohttp.ClientSession) -> None:
-        if self._rounds % FACTS_EVERY_ROUNDS == 0:
+        facts_round = self._rounds % FACTS_EVERY_ROUNDS == 0
+        if facts_round:
             for backend in self.pool.backends:
                 self.apply_facts(
                     backend, await probe_facts(session, backend.url, backend.auth_headers)
                 )
         for backend in self.pool.backends:
             known = self._known[backend.name]
+            if not facts_round and self._serves_lora(known):
+                listed = await fetch_adapters(session, backend.url, backend.auth_headers)
+                if listed is not None:
+                    backend.lora.note_listed(listed)
             if known.silent_scrapes >= 3 and self._rounds % SILENT_METRICS_BACKOFF:
                 continue
-            self.apply_load(backend, await fetch_load(session, backend.url, backend.auth_headers))
+            # The scrape's time is taken before it: a request of ours that ends meanwhile
+            # counts as ended after what the scrape saw.
+            scraped_at = self.pool.clock()
+            load = await fetch_load(session, backend.url, backend.auth_headers)
+            self.apply_load(backend, load)
+            self._apply_lora(backend, load, scraped_at)
         self._rounds += 1
         self.refit()
 
@@ -123,11 +143,27 @@ class BackendSizer:
 
     # -- what the backends say --------------------------------------------------------
 
+    @staticmethod
+    def _serves_lora(known: _Known) -> bool:
+        """LoRA is on there: it listed adapters, or its engine reports them."""
+        return (known.facts is not None and known.facts.adapters is not None) or (
+            known.load is not None and known.load.lora is not None
+        )
+
+    @staticmethod
+    def _apply_lora(backend: Backend, load: EngineLoad | None, scraped_at: float) -> None:
+        lora = load.lora if load is not None else None
+        if lora is None:
+            backend.lora.note_scrape((), (), None, scraped_at)
+        else:
+            backend.lora.note_scrape(lora.running, lora.waiting, lora.max_lora, scraped_at)
+
     def apply_facts(self, backend: Backend, facts: BackendFacts | None) -> None:
         known = self._known[backend.name]
         if facts is None or facts == known.facts:
             return
         known.facts = facts
+        backend.lora.note_listed(facts.adapters or ())
         if facts.slots and not backend.concurrency_configured:
             backend.max_concurrency = facts.slots
         backend.engine_context_tokens = facts.context_tokens

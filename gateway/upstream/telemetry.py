@@ -12,6 +12,9 @@ histograms there also say where the time of the requests that ended went
 (queue, prefill, decode: `engine_timings.py`). Its `/props`, `/info` and
 `/v1/models` say how many requests it runs at once and how long a context it
 takes, so slots and context caps need not be guessed in the config.
+With LoRA on, vLLM's `/v1/models` lists each adapter with `parent` = its base
+model, and its `/metrics` has `vllm:lora_requests_info`, whose labels name the
+adapters running and waiting and `max_lora` (`adapters.py` routes by them).
 
 Pure parsing plus two small fetch helpers; no scheduling here. Every helper
 answers None for "unknown" rather than raising: a backend that hides its
@@ -55,6 +58,18 @@ class EngineLoad:
     #: Its per-request time histograms (queue, prefill, decode), cumulative; the deltas of
     #: two scrapes split the backend time of requests without timings of their own.
     times: RequestTimeTotals | None = None
+    #: Its LoRA adapters at work (vLLM's `lora_requests_info`); None: LoRA off or not said.
+    lora: LoraLoad | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoraLoad:
+    """vLLM's `vllm:lora_requests_info`: the distinct adapters of the running and of the
+    waiting requests, and the most one batch may run (`--max-loras`)."""
+
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+    max_lora: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +84,9 @@ class BackendFacts:
     #: Longest prompt it accepts (TGI), in the engine's own tokens.
     max_input_tokens: int | None = None
     model: str | None = None
+    #: LoRA adapters it serves on its base model (`/v1/models` entries with a `parent`);
+    #: None: it lists none.
+    adapters: tuple[str, ...] | None = None
 
     def merged(self, other: BackendFacts) -> BackendFacts:
         """These facts, with the gaps filled from `other` (the first source that says wins)."""
@@ -84,6 +102,7 @@ class BackendFacts:
                 else other.max_input_tokens
             ),
             model=self.model if self.model is not None else other.model,
+            adapters=self.adapters if self.adapters is not None else other.adapters,
         )
 
     @property
@@ -96,6 +115,7 @@ class BackendFacts:
                 self.context_tokens,
                 self.max_input_tokens,
                 self.model,
+                self.adapters,
             )
         )
 
@@ -171,9 +191,16 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
     samples: dict[str, list[float]] = {}
     times: list[tuple[str, float]] = []
     capacity: int | None = None
+    lora: tuple[float, Mapping[str, str]] | None = None
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if sample.name == LORA_REQUESTS_INFO:
+                    # vLLM never removes a label set: the newest (largest time) is current.
+                    stamp = float(sample.value)
+                    if math.isfinite(stamp) and (lora is None or stamp > lora[0]):
+                        lora = (stamp, sample.labels)
+                    continue
                 if sample.name == CACHE_CONFIG_INFO:
                     capacity = _kv_capacity(sample.labels)
                     continue
@@ -199,8 +226,25 @@ def parse_engine_metrics(text: str) -> EngineLoad | None:
                 kv_usage=kv_usage,
                 kv_capacity_tokens=capacity,
                 times=time_totals(times),
+                lora=_lora_load(lora[1]) if lora is not None else None,
             )
     return None
+
+
+#: vLLM's gauge of the adapters at work, in its labels; valued at the time it was set.
+LORA_REQUESTS_INFO = "vllm:lora_requests_info"
+
+
+def _lora_load(labels: Mapping[str, str]) -> LoraLoad:
+    def names(key: str) -> tuple[str, ...]:
+        return tuple(n for n in (part.strip() for part in labels.get(key, "").split(",")) if n)
+
+    max_lora = labels.get("max_lora", "")
+    return LoraLoad(
+        running=names("running_lora_adapters"),
+        waiting=names("waiting_lora_adapters"),
+        max_lora=int(max_lora) if max_lora.isdigit() and int(max_lora) > 0 else None,
+    )
 
 
 #: vLLM's cache config as labels of a constant gauge (block size, blocks on the GPU).
@@ -291,7 +335,8 @@ _OWNED_BY = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp"}
 def facts_from_models(obj: Any) -> BackendFacts | None:
     """OpenAI's `GET /v1/models` as vLLM and SGLang extend it: `data[0].max_model_len`.
 
-    The first listed model is the served one (vLLM lists LoRA adapters after it).
+    The first listed model is the served one (vLLM lists LoRA adapters after it, each
+    with `parent` = its base model: those are its `adapters`).
     """
     if not isinstance(obj, dict):
         return None
@@ -304,8 +349,27 @@ def facts_from_models(obj: Any) -> BackendFacts | None:
         engine=_OWNED_BY.get(owned_by) if isinstance(owned_by, str) else None,
         context_tokens=_positive_int(first.get("max_model_len")),
         model=_name(first.get("id")),
+        adapters=adapters_from_models(obj),
     )
     return None if facts.empty else facts
+
+
+def adapters_from_models(obj: Any) -> tuple[str, ...] | None:
+    """The LoRA adapters a `/v1/models` answer lists: entries whose `parent` is a model it
+    lists too (vLLM's cards of adapters); None when it lists none or is no such answer."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    cards = [card for card in data if isinstance(card, dict) and _name(card.get("id"))]
+    bases = {card["id"] for card in cards}
+    adapters = tuple(
+        card["id"]
+        for card in cards
+        if isinstance(parent := card.get("parent"), str)
+        and parent in bases
+        and parent != card["id"]
+    )
+    return adapters or None
 
 
 # ----------------------------------------------------------------------------- fetching
@@ -379,6 +443,20 @@ async def probe_facts(
         if found is not None:
             facts = facts.merged(found)
     return None if facts.empty else facts
+
+
+async def fetch_adapters(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> tuple[str, ...] | None:
+    """The adapters a backend lists now (`/v1/models`; empty: none); None: no answer."""
+    obj = await _get_json(session, base_url.rstrip("/") + "/v1/models", headers, timeout_s)
+    if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
+        return None
+    return adapters_from_models(obj) or ()
 
 
 async def fetch_load(

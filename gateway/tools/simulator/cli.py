@@ -33,6 +33,12 @@ _CONFIG_HELP = {
     "block_tokens": "tokens per KV block of the prefix cache (vLLM's --block-size)",
     "prefix_cache_blocks": "KV blocks the prefix cache holds (LRU; blocks of running sequences "
     "are pinned)",
+    "lora_adapters": "LoRA adapters served on the base model, comma-separated (listed by "
+    "/v1/models with parent = the model; a request names one as its model)",
+    "enable_lora": "serve LoRA adapters even with none at start (add them with POST "
+    "/v1/load_lora_adapter); implied by --lora-adapters",
+    "max_lora": "distinct LoRA adapters in one batch and resident at once (vLLM's --max-loras)",
+    "lora_swap_ms": "time added to a step that loads an adapter not resident (a swap)",
     "timings": "where each request's time went, told as vllm (request time histograms in "
     "/metrics), llamacpp (those, and llama.cpp's `timings` in every OpenAI answer) or none",
 }

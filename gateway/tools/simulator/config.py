@@ -62,6 +62,22 @@ class SimulatorConfig:
     #: (the non-streamed body, the stream's last event); "none", neither. The TGI routes
     #: send TGI's timing headers on non-streamed answers whatever this says.
     timings: str = "vllm"
+    #: LoRA adapters served on top of `model`, comma-separated (vLLM's `--lora-modules`):
+    #: listed by /v1/models with `parent` = model; a request names one as its `model`.
+    lora_adapters: str = ""
+    #: Serve LoRA adapters even with none at start (vLLM's `--enable-lora`), so they can be
+    #: added with POST /v1/load_lora_adapter; implied by `lora_adapters`.
+    enable_lora: bool = False
+    #: Distinct adapters that may run in one batch, and adapters resident on the GPU
+    #: (vLLM's `--max-loras`, default 1).
+    max_lora: int = 1
+    #: Time added to a step that loads an adapter not resident (a swap).
+    lora_swap_ms: float = 25.0
+
+    @property
+    def lora(self) -> bool:
+        """LoRA serving is on (adapters given, or enabled for loading at run time)."""
+        return self.enable_lora or bool(self.lora_adapters.strip())
 
     def __post_init__(self) -> None:
         for name in (
@@ -71,10 +87,11 @@ class SimulatorConfig:
             "max_model_len",
             "block_tokens",
             "prefix_cache_blocks",
+            "max_lora",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("step_base_ms", "prefill_ms_per_token", "decode_ms_per_seq"):
+        for name in ("step_base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "lora_swap_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if (
@@ -91,6 +108,8 @@ class SimulatorConfig:
             raise ValueError(
                 f"timings must be one of {', '.join(TIMINGS_MODES)}, got {self.timings!r}"
             )
+        if self.model in [a.strip() for a in self.lora_adapters.split(",")]:
+            raise ValueError("lora_adapters must not name the base model")
         if not (math.isfinite(self.token_ratio) and self.token_ratio > 0):
             raise ValueError(f"token_ratio must be > 0, got {self.token_ratio}")
 

@@ -15,6 +15,10 @@ blocks it fills are cached as they fill, pinned while it runs; when it ends,
 the blocks of its reply are cached too (as the next turn's prompt will hold
 them), and all of them stay until the LRU evicts them.
 
+With LoRA adapters served (`adapters.py`), a waiting sequence whose adapter would be
+one too many for the batch (`max_lora`) is passed over, as vLLM's scheduler does, and
+a step that loads an adapter not resident takes the swap's time too.
+
 It knows nothing about HTTP: a caller `submit()`s a sequence, reads its tokens
 from `Sequence.next_event()`, and `abort()`s it when the client goes away.
 """
@@ -29,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gateway.tools.simulator.adapters import AdapterSet, parse_adapter_list
 from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.prefix_cache import ROOT_HASH, PrefixCache, PromptBlocks, block_hashes
 
@@ -126,6 +131,8 @@ class Sequence:
     #: False once a block could not be cached: the blocks after it would be unreachable.
     caching: bool = True
     reply: list[str] = field(default_factory=list)
+    #: The LoRA adapter it runs with; None: the base model.
+    adapter: str | None = None
     _events: asyncio.Queue[TokenEvent | None] = field(default_factory=asyncio.Queue)
 
     @property
@@ -177,6 +184,13 @@ class Engine:
         #: vLLM's prefix cache counters, in tokens: prompt tokens looked up, and found.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        #: The served LoRA adapters; None: LoRA serving off.
+        self.adapters: AdapterSet | None = (
+            AdapterSet(parse_adapter_list(config.lora_adapters), config.max_lora,
+                       config.lora_swap_ms)
+            if config.lora
+            else None
+        )  # fmt: skip
         self.running: list[Sequence] = []
         self.waiting: deque[Sequence] = deque()
         self.completed = 0
@@ -223,11 +237,16 @@ class Engine:
         self.waiting.clear()
 
     def submit(
-        self, prompt_tokens: int, max_tokens: int, blocks: PromptBlocks | None = None
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        blocks: PromptBlocks | None = None,
+        adapter: str | None = None,
     ) -> Sequence:
         """Queue a sequence FIFO behind everything already waiting.
 
-        `blocks`: the prompt's hashed blocks, for the prefix cache (None: bypass it).
+        `blocks`: the prompt's hashed blocks, for the prefix cache (None: bypass it);
+        `adapter`: the served LoRA adapter it runs with (None: the base model).
         """
         if self._stopped:
             raise EngineStopped("the simulator engine is stopped")
@@ -240,6 +259,7 @@ class Engine:
             arrival=self.now(),
             rng=random.Random(f"{self.config.seed}-{seq_id}"),
             blocks=blocks,
+            adapter=adapter,
         )
         self.waiting.append(seq)
         self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
@@ -288,6 +308,7 @@ class Engine:
             "prefix_cache_blocks": len(cache) if cache is not None else 0,
             "prefix_cache_pinned_blocks": cache.pinned_blocks if cache is not None else 0,
             "prefix_cache_evictions": cache.evictions if cache is not None else 0,
+            "lora_swaps": self.adapters.swaps if self.adapters is not None else 0,
         }
 
     def kv_cache_usage(self) -> float:
@@ -310,7 +331,7 @@ class Engine:
 
     async def step(self) -> None:
         """Admit, plan one step's work, take the step's time, then hand out its tokens."""
-        self._admit()
+        swap_ms = self._admit()
         budget = self.config.prefill_tokens_per_step
         prefills: list[tuple[Sequence, int]] = []
         decodes: list[Sequence] = []
@@ -324,7 +345,7 @@ class Engine:
             else:
                 decodes.append(seq)
         prefilled = sum(take for _, take in prefills)
-        step_s = self.config.step_ms(prefilled, len(decodes)) / 1000.0
+        step_s = (self.config.step_ms(prefilled, len(decodes)) + swap_ms) / 1000.0
         # Back-to-back steps start where the previous one was due to end, so the event loop's
         # wake-up lag (~0.5 ms a sleep) does not slow decoding by 10 %; after an idle spell or
         # a real stall the step starts now instead of bursting to catch up.
@@ -349,14 +370,34 @@ class Engine:
             if seq.state == "running":
                 self._emit(seq, now)
 
-    def _admit(self) -> None:
+    def _admit(self) -> float:
+        """Fill the batch first come first served; the milliseconds of adapter loads it took.
+
+        A sequence whose adapter may not join (max_lora distinct adapters run already) keeps
+        its place in the queue while the ones behind it are considered, as in vLLM.
+        """
+        adapters = self.adapters
+        swap_ms = 0.0
+        passed_over: list[Sequence] = []
         while self.waiting and len(self.running) < self.config.max_batch:
             seq = self.waiting.popleft()
+            if adapters is not None:
+                running = [s.adapter for s in self.running]
+                if not adapters.may_join(seq.adapter, running):
+                    passed_over.append(seq)
+                    continue
+                swap_ms += adapters.admit(seq.adapter, running)
             seq.state = "running"
             seq.admitted = self.now()
             self._look_up_prefix(seq)
             self.running.append(seq)
+        self.waiting.extendleft(reversed(passed_over))
         self.running_peak = max(self.running_peak, len(self.running))
+        if adapters is not None:
+            adapters.note_batch(
+                (s.adapter for s in self.running), (s.adapter for s in self.waiting)
+            )
+        return swap_ms
 
     def _look_up_prefix(self, seq: Sequence) -> None:
         """Pin the prompt's cached leading blocks and skip their prefill, as vLLM schedules.

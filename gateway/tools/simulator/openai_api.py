@@ -20,6 +20,14 @@ With the `timings` knob at "llamacpp", every answer also carries llama.cpp's
 last event (the usage chunk when asked for, else the one with `finish_reason`),
 where llama.cpp's server puts it. Its figures are the engine's own: prefill from
 admission into the batch to the first token, decode from there to the last.
+
+With LoRA serving on, `/v1/models` lists each adapter after the base model with
+`parent` = the base model and `root` = its path, a request naming an adapter as its
+`model` runs with it, and vLLM's dynamic loading API adds and removes adapters:
+`POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}` and
+`POST /v1/unload_lora_adapter` `{"lora_name"}`, answering vLLM's plain-text success
+line or its 400/404 errors. A model that is neither the base nor a served adapter
+is then a 404, as vLLM answers it.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
 
 
 @dataclass(slots=True)
@@ -54,26 +64,83 @@ class _Params:
     max_tokens: int
     prompt_tokens: int
     blocks: PromptBlocks
+    adapter: str | None = None
 
 
 async def _models(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
-    return web.json_response(
+    adapters = request.app[STATE_KEY].engine.adapters
+    created = int(time.time())
+    cards: list[dict[str, Any]] = [
         {
-            "object": "list",
-            "data": [
-                {
-                    "id": config.model,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "simulator",
-                    "root": config.model,
-                    "parent": None,
-                    "max_model_len": config.max_model_len,
-                }
-            ],
+            "id": config.model,
+            "object": "model",
+            "created": created,
+            "owned_by": "simulator",
+            "root": config.model,
+            "parent": None,
+            "max_model_len": config.max_model_len,
         }
-    )
+    ]
+    for name, path in adapters.served.items() if adapters is not None else ():
+        # vLLM's card of an adapter: its path as root, the base model as parent.
+        cards.append(
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "simulator",
+                "root": path,
+                "parent": config.model,
+                "max_model_len": None,
+            }
+        )
+    return web.json_response({"object": "list", "data": cards})
+
+
+async def _lora_body(request: web.Request, *keys: str) -> dict[str, str]:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise invalid_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict) or not all(
+        isinstance(body.get(k), str) and body[k] for k in keys
+    ):
+        names = " and ".join(f"'{k}'" for k in keys)
+        raise invalid_request(f"{names} must be provided.")
+    return {k: body[k] for k in keys}
+
+
+async def _load_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's `POST /v1/load_lora_adapter`: serve one more adapter from now on."""
+    adapters = request.app[STATE_KEY].engine.adapters
+    try:
+        if adapters is None:
+            raise invalid_request("LoRA is not enabled on this server (--enable-lora).")
+        body = await _lora_body(request, "lora_name", "lora_path")
+        name = body["lora_name"]
+        if name == request.app[CONFIG_KEY].model or not adapters.load(name, body["lora_path"]):
+            raise invalid_request(f"The lora adapter '{name}' has already been loaded.")
+    except SimulatorError as exc:
+        return _error_response(exc)
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def _unload_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's `POST /v1/unload_lora_adapter`: stop serving an adapter."""
+    adapters = request.app[STATE_KEY].engine.adapters
+    try:
+        if adapters is None:
+            raise invalid_request("LoRA is not enabled on this server (--enable-lora).")
+        name = (await _lora_body(request, "lora_name"))["lora_name"]
+        if not adapters.unload(name):
+            raise SimulatorError(
+                404, "not_found", f"The lora adapter '{name}' cannot be found.",
+                error_type="NotFoundError",
+            )  # fmt: skip
+    except SimulatorError as exc:
+        return _error_response(exc)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
@@ -103,7 +170,9 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
 
     response: web.StreamResponse
     try:
-        seq = engine.submit(params.prompt_tokens, params.max_tokens, params.blocks)
+        seq = engine.submit(
+            params.prompt_tokens, params.max_tokens, params.blocks, adapter=params.adapter
+        )
     except EngineStopped:
         response = _error_response(_STOPPING)
         info.status = response.status
@@ -137,6 +206,13 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
         model = state.config.model
     elif not isinstance(model, str):
         raise invalid_request("'model' must be a string", "model")
+    adapters = state.engine.adapters
+    adapter = model if adapters is not None and adapters.serves(model) else None
+    if adapters is not None and adapter is None and model != state.config.model:
+        raise SimulatorError(
+            404, "model_not_found", f"The model `{model}` does not exist.",
+            param="model", error_type="NotFoundError",
+        )  # fmt: skip
 
     stream = body.get("stream")
     if stream is None:
@@ -193,7 +269,7 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
             "in the completion). Please reduce the length of the prompt or completion.",
             param="max_tokens",
         )
-    return _Params(model, stream, include_usage, max_tokens, prompt_tokens, blocks)
+    return _Params(model, stream, include_usage, max_tokens, prompt_tokens, blocks, adapter)
 
 
 _STOPPING = SimulatorError(503, "engine_stopped", "the simulator is stopping")

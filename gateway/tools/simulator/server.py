@@ -157,6 +157,7 @@ class _EngineGauges:
             family.add_metric([model], value)
             yield family
         yield from self._prefix_cache(model)
+        yield from self._lora_info()
         if self.state.config.timings != "none":
             yield from self._request_times(model)
         yield GaugeMetricFamily(
@@ -175,6 +176,27 @@ class _EngineGauges:
             "Number of prompt tokens reused from the cache",
             value=engine.prefix_cache_hits,
         )
+
+    def _lora_info(self) -> Iterator[Metric]:
+        """vLLM's `vllm:lora_requests_info` (with LoRA on): one series per label set ever
+        current (vLLM never removes one), valued at the wall time it was last current, so
+        the newest is the one with the largest value. Labels: `max_lora`, and the distinct
+        adapters of the running and of the waiting requests, comma-joined."""
+        adapters = self.state.engine.adapters
+        if adapters is None:
+            return
+        engine = self.state.engine
+        adapters.note_batch(
+            (s.adapter for s in engine.running), (s.adapter for s in engine.waiting)
+        )
+        family = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        for (running, waiting), stamp in adapters.info_history.items():
+            family.add_metric([str(adapters.max_lora), waiting, running], stamp)
+        yield family
 
     def _request_times(self, model: str) -> Iterator[Metric]:
         times = self.state.engine.request_times
