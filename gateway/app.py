@@ -16,7 +16,7 @@ from gateway.admission.auth import ClientKeys
 from gateway.admission.retries import RetryMemory
 from gateway.admission.tenants import Tenants
 from gateway.admission.tokens import TokenCounter, load_encoding
-from gateway.config import Settings
+from gateway.config import BackendSettings, Settings, slot_limit
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.leases import SlotLeases
 from gateway.fleet.quotas import TenantQuotas
@@ -28,6 +28,7 @@ from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.model_metrics import ModelMetrics
 from gateway.observability.record import clock
 from gateway.observability.tenant_metrics import TenantMetrics
 from gateway.observability.tracing import build_tracer
@@ -35,6 +36,7 @@ from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.health import HealthMonitor
+from gateway.upstream.models import CATCH_ALL, ModelPool, ModelRouter, pool_key
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
 from gateway.upstream.shadow import ShadowMirror
@@ -55,27 +57,11 @@ def build_app(
         encoding or load_encoding(settings.tokenizer.encoding),
         offload_min_chars=settings.tokenizer.offload_min_chars,
     )
-    pool = BackendPool(
-        [Backend.from_settings(b) for b in settings.backends],
-        lane_backends={lane.name: lane.backends for lane in settings.lanes},
-        health=settings.health,
-        routing=settings.routing,
-        clock=time.monotonic,
-    )
-    slot_limits = {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes}
-    scheduler = Scheduler(
-        settings.lanes,
-        slot_limits,
-        pool,
-        clock=clock,
-        competes=pool.shares_backends,
-        fair_share=settings.tenants.fair_share,
-        capacities={lane.name: pool.slots_of(lane.name) for lane in settings.lanes},
-    )
-    pool.on_available = scheduler.notify_capacity
     events = make_logger(sys.stderr, settings.logging.level)
     prompt_sizes = PromptSizes()
-    health = HealthMonitor(pool, settings.health)
+    router = build_pools(settings, events, prompt_sizes)
+    default = router.default
+    pool, scheduler = default.pool, default.scheduler
     metrics = GatewayMetrics()
     loop_lag = LoopLagMonitor(metrics.registry)
     tenants = Tenants(settings)
@@ -91,13 +77,14 @@ def build_app(
         request_log=RequestLog(log_stream, background=log_stream is None),
         upstream=UpstreamClient(settings.timeouts),
         events=events,
-        health=health,
+        health=default.health,
         keys=ClientKeys(settings.api_keys),
         tenants=tenants,
         tenant_metrics=tenant_metrics,
         loop_lag=loop_lag,
         prompt_sizes=prompt_sizes,
-        sizer=BackendSizer(settings, pool, scheduler, events, prompt_sizes),
+        sizer=default.sizer,
+        pools=router,
         shadow=ShadowMirror(
             settings.shadow, settings.timeouts, scheduler=scheduler, metrics=metrics, events=events
         ),
@@ -107,7 +94,6 @@ def build_app(
             damp=settings.retries.damp,
         ),
     )
-    health.after_round = state.sizer.round
     state.tracer = build_tracer(settings.tracing, events)
     if settings.redis.enabled:
         state.fleet = build_fleet(settings, pool, scheduler, events, metrics)
@@ -118,6 +104,7 @@ def build_app(
     # Tenant quotas (#11): in the fleet's Redis, or local without one.
     state.quotas = TenantQuotas.for_fleet(settings.api_keys, state.fleet, metrics.registry)
     metrics.watch(scheduler, pool, state.sizer.floors)
+    state.model_metrics = ModelMetrics(metrics.registry, router)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
         client_max_size=settings.server.max_body_bytes, middlewares=[error_envelope]
@@ -143,6 +130,47 @@ def build_app(
     return app
 
 
+def build_pools(settings: Settings, events: Any, prompt_sizes: PromptSizes) -> ModelRouter:
+    """A pool per served-model list (`upstream/models.py`), each with its own backends,
+    scheduler, health checks and sizer: one model's queue never delays another's."""
+    groups: dict[str, list[BackendSettings]] = {}
+    for backend in settings.backends:
+        groups.setdefault(pool_key(backend.models), []).append(backend)
+    if not groups:
+        groups[CATCH_ALL] = []
+    pools = []
+    for name, members in groups.items():
+        names = {b.name for b in members}
+        pool = BackendPool(
+            [Backend.from_settings(b) for b in members],
+            lane_backends={
+                lane.name: None if lane.backends is None else list(names & set(lane.backends))
+                for lane in settings.lanes
+                if lane.backends is None or names & set(lane.backends)
+            },
+            health=settings.health,
+            routing=settings.routing,
+            clock=time.monotonic,
+        )
+        slots = {lane.name: pool.slots_of(lane.name) for lane in settings.lanes}
+        scheduler = Scheduler(
+            settings.lanes,
+            {lane.name: slot_limit(lane, slots[lane.name]) for lane in settings.lanes},
+            pool,
+            clock=clock,
+            competes=pool.shares_backends,
+            fair_share=settings.tenants.fair_share,
+            capacities=slots,
+        )
+        pool.on_available = scheduler.notify_capacity
+        health = HealthMonitor(pool, settings.health)
+        sizer = BackendSizer(settings, pool, scheduler, events, prompt_sizes)
+        health.after_round = sizer.round
+        serves = frozenset(members[0].models) if members else frozenset()
+        pools.append(ModelPool(name, serves, pool, scheduler, sizer, health))
+    return ModelRouter(pools, settings.models)
+
+
 def build_fleet(
     settings: Settings,
     pool: BackendPool,
@@ -163,14 +191,15 @@ def build_fleet(
 async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     state = app[GATEWAY]
     await state.upstream.start()
-    await state.health.start()
+    for each in state.pools.pools:
+        await each.health.start()
     await state.loop_lag.start()
     await state.shadow.start()
     if state.fleet is not None:
         await state.fleet.start()
     warm_up = None
     if state.settings.health.probe_on_start and state.health.session is not None:
-        warm_up = asyncio.create_task(state.sizer.warm_up(state.health.session), name="warm-up")
+        warm_up = asyncio.create_task(_warm_up_all(state), name="warm-up")
         state.warming_up = True
         warm_up.add_done_callback(lambda _: setattr(state, "warming_up", False))
         # Ready anyway after a while: a very slow engine is learned from traffic instead.
@@ -188,10 +217,18 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     if state.fleet is not None:
         await state.fleet.stop()
     await state.loop_lag.stop()
-    await state.health.stop()
+    for each in state.pools.pools:
+        await each.health.stop()
     await state.upstream.close()
     state.counter.close()
     state.request_log.close()
+
+
+async def _warm_up_all(state: GatewayState) -> None:
+    """The start-up probe of every pool's backends, one pool after another."""
+    for each in state.pools.pools:
+        if each.health.session is not None:
+            await each.sizer.warm_up(each.health.session)
 
 
 async def _stop_tracing(app: web.Application) -> None:
@@ -208,7 +245,7 @@ async def drain(app: web.Application, timeout_s: float) -> int:
     """
     state = app[GATEWAY]
     state.draining = True
-    refused = state.scheduler.fail_waiting(shutting_down())
+    refused = sum(each.scheduler.fail_waiting(shutting_down()) for each in state.pools.pools)
     state.events.info("draining", queued_refused=refused, in_flight=state.in_flight)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

@@ -143,6 +143,37 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     api_key: str | None = None
     #: Put the lane's priority in the body's `priority` (vLLM --scheduling-policy priority).
     priority_field: bool = False
+    #: The model names it serves. Backends with the same list form one pool (their own
+    #: queues and slots); a request goes only to a pool that serves its `model`. Empty:
+    #: it serves whatever is asked (the catch-all pool, today's single-model behaviour).
+    models: list[Annotated[str, _rule("be a non-empty name", min_length=1)]] = field(
+        default_factory=list
+    )
+
+
+class ModelTarget(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One model an alias may send to, and its share of the alias's requests."""
+
+    model: Annotated[str, _rule("be a non-empty name", min_length=1)]
+    weight: PositiveFloat = 1.0
+
+
+class ModelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A name clients may ask for: an alias of one model (`target`) or of several with
+    weights (`targets`, a gradual switch), and whether TGI's routes (no `model`) go there."""
+
+    name: Annotated[str, _rule("be a non-empty name", min_length=1)] = ""
+    #: The model the backend receives in the body's `model`. Unset: `name` itself.
+    target: str | None = None
+    #: Several targets, each chosen at random in proportion to its weight.
+    targets: list[ModelTarget] | None = None
+    #: The model of TGI's native routes (`/generate`, `/info`), which carry no model.
+    default: bool = False
+
+    def weighted_targets(self) -> list[tuple[str, float]]:
+        if self.targets:
+            return [(t.model, t.weight) for t in self.targets]
+        return [(self.target or self.name, 1.0)]
 
 
 class ApiKeySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -441,6 +472,8 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     retries: RetrySettings = field(default_factory=RetrySettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     api_keys: list[ApiKeySettings] = field(default_factory=list)
+    #: Model names and aliases ([[models]]); backends' own lists are in [[backends]].
+    models: list[ModelSettings] = field(default_factory=list)
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
@@ -494,6 +527,7 @@ ARRAYS: dict[str, type[msgspec.Struct]] = {
     "backends": BackendSettings,
     "lanes": LaneSettings,
     "api_keys": ApiKeySettings,
+    "models": ModelSettings,
 }
 
 #: A key's position in the raw settings: ("server", "port"), ("lanes", 1, "max_slots").
@@ -860,6 +894,7 @@ def _checked(settings: Settings) -> Settings:
                 f"[[lanes]] {lane.name}.backends: no backend named {', '.join(unknown)} "
                 f"(backends: {', '.join(sorted(seen_backends))})"
             )
+    _check_models(s)
     seen_keys: set[str] = set()
     for index, api_key in enumerate(s.api_keys):
         where = f"[[api_keys]] #{index + 1}"
@@ -870,6 +905,36 @@ def _checked(settings: Settings) -> Settings:
         if unknown_lanes:
             raise ConfigError(f"{where}.lanes: no lane named {', '.join(unknown_lanes)}")
     return s
+
+
+def _check_models(s: Settings) -> None:
+    """[[models]]: unique names, one way to name targets, at most one default, and every
+    target served by some backend when the backends say what they serve."""
+    served = {m for b in s.backends for m in b.models}
+    catch_all = any(not b.models for b in s.backends) or not s.backends
+    seen: set[str] = set()
+    defaults = []
+    for index, model in enumerate(s.models):
+        where = f"[[models]] #{index + 1}"
+        if not model.name:
+            raise ConfigError(f"{where}.name: must be a non-empty name")
+        if model.name in seen:
+            raise ConfigError(f"{where}.name: duplicate model name {model.name!r}")
+        seen.add(model.name)
+        if model.target is not None and model.targets is not None:
+            raise ConfigError(f"{where}: give target or targets, not both")
+        if model.targets is not None and not model.targets:
+            raise ConfigError(f"{where}.targets: must list at least one target")
+        if model.default:
+            defaults.append(model.name)
+        unserved = sorted({t for t, _ in model.weighted_targets()} - served)
+        if unserved and not catch_all:
+            raise ConfigError(
+                f"{where} {model.name}: no backend serves {', '.join(unserved)} "
+                f"(served: {', '.join(sorted(served))})"
+            )
+    if len(defaults) > 1:
+        raise ConfigError(f"[[models]]: more than one default ({', '.join(defaults)})")
 
 
 def consistency_warnings(settings: Settings) -> list[str]:

@@ -44,6 +44,7 @@ class Outcome(StrEnum):
     REJECTED_WAIT_TOO_LONG = "rejected_wait_too_long"
     REJECTED_SHUTTING_DOWN = "rejected_shutting_down"
     REJECTED_QUOTA_EXCEEDED = "rejected_quota_exceeded"
+    REJECTED_MODEL_NOT_FOUND = "rejected_model_not_found"
 
     @property
     def counts_against_backend(self) -> bool:
@@ -112,6 +113,13 @@ class UnsupportedMediaType(Refusal):
 class BodyTooLarge(Refusal):
     code = "body_too_large"
     outcome = Outcome.REJECTED_BODY_TOO_LARGE
+
+
+class ModelNotFound(Refusal):
+    """No pool serves the request's `model` (nor is it an alias): what OpenAI answers."""
+
+    code = "model_not_found"
+    outcome = Outcome.REJECTED_MODEL_NOT_FOUND
 
 
 class PromptTooLong(Refusal):

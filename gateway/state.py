@@ -17,12 +17,14 @@ from gateway.fleet.quotas import TenantQuotas
 from gateway.observability.logs import RequestLog
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.model_metrics import ModelMetrics
 from gateway.observability.record import RequestRecord
 from gateway.observability.tenant_metrics import TenantMetrics
 from gateway.observability.tracing import RequestTracer
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.upstream.health import HealthMonitor
+from gateway.upstream.models import ModelRouter
 from gateway.upstream.pool import BackendPool
 from gateway.upstream.relay import UpstreamClient
 from gateway.upstream.shadow import ShadowMirror
@@ -54,6 +56,11 @@ class GatewayState:
     shadow: ShadowMirror
     #: Fingerprints of recent requests, to tell retries from new work ([retries]).
     retries: RetryMemory
+    #: Every pool (one per served-model list) and the aliases; `pool`, `scheduler`,
+    #: `sizer` and `health` above are the default pool's (TGI routes, leases, shadow).
+    pools: ModelRouter
+    #: Requests and TTFT per model, queue depth and in flight per pool.
+    model_metrics: ModelMetrics | None = None
     #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
     #: says "not ready": the first requests should meet deadlines fitted to the engine.
     warming_up: bool = False
@@ -74,13 +81,15 @@ class GatewayState:
 
     @property
     def in_flight(self) -> int:
-        return sum(backend.in_flight for backend in self.pool.backends)
+        return sum(b.in_flight for each in self.pools.pools for b in each.pool.backends)
 
     def finish(self, record: RequestRecord) -> None:
         """Every request ends here exactly once: its log line and its metrics."""
         self.request_log.request(record)
         self.metrics.observe(record)
         self.tenant_metrics.observe(record)
+        if self.model_metrics is not None:
+            self.model_metrics.observe(record)
         if self.tracer is not None:
             self.tracer.export(record)
 

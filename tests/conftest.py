@@ -129,6 +129,7 @@ DOCUMENTED_LOG_FIELDS = frozenset(
         "request_id",
         "route",
         "model",
+        "pool",
         "stream",
         "lane",
         "backend",

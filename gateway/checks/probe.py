@@ -40,10 +40,18 @@ async def _probe(settings: Settings) -> dict[str, Any]:
 
     state = build_app(settings, log_stream=io.StringIO())[GATEWAY]
     timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
+    backends: list[dict[str, Any]] = []
+    lanes: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        for backend in state.pool.backends:
-            load = await fetch_load(session, backend.url, backend.auth_headers)
-            state.sizer.apply_load(backend, load)
-        await state.sizer.warm_up(session)
+        for each in state.pools.pools:
+            for backend in each.pool.backends:
+                load = await fetch_load(session, backend.url, backend.auth_headers)
+                each.sizer.apply_load(backend, load)
+            await each.sizer.warm_up(session)
+            for described in each.sizer.describe():
+                described["pool"] = each.name
+                described["serves"] = sorted(each.serves) or "any model (catch-all)"
+                backends.append(described)
+            lanes += [{**lane, "pool": each.name} for lane in each.sizer.describe_lanes()]
     state.counter.close()
-    return {"backends": state.sizer.describe(), "lanes": state.sizer.describe_lanes()}
+    return {"backends": backends, "lanes": lanes}

@@ -44,6 +44,7 @@ ERRORS: dict[str, ErrorKind] = {
         403, "permission_error", "the key may not use the request's lane"
     ),
     "not_found": ErrorKind(404, _INVALID, "no such route"),
+    "model_not_found": ErrorKind(404, _INVALID, "no backend serves the requested model"),
     "method_not_allowed": ErrorKind(405, _INVALID, "another method on this path"),
     "request_timeout": ErrorKind(408, _INVALID, "the body did not arrive within `read_timeout_s`"),
     "prompt_too_long": ErrorKind(413, _INVALID, "prompt over the token cap, or no lane admits it"),
@@ -92,6 +93,8 @@ CALLER_ADVICE: dict[str, str] = {
     "lane_not_allowed": "Make the request smaller (prompt, `max_tokens`, `n`) so that it "
     "fits a lane your key may use, or ask for a key with that lane.",
     "not_found": "Check the path and the base URL (the OpenAI SDKs' `base_url` ends in `/v1`).",
+    "model_not_found": "Ask for a model `GET /v1/models` lists (the message names them). "
+    "Retrying unchanged fails again.",
     "method_not_allowed": "Use the method the `Allow` header names.",
     "request_timeout": "Send the whole body at once; retry once if the network was slow.",
     "prompt_too_long": "Shorten the prompt: summarize or split the work into several "

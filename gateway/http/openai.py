@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import aiohttp
+import msgspec
 from aiohttp import web
 
 from gateway.dialects import ChatDialect, CompletionDialect
@@ -9,18 +13,65 @@ from gateway.http.errors import error_response
 from gateway.http.proxy import request_id_of, route_handler
 from gateway.outcomes import NoBackend, Refusal
 from gateway.state import GATEWAY
+from gateway.upstream.pool import BackendPool
 
 chat_completions = route_handler(ChatDialect("/v1/chat/completions"))
 completions = route_handler(CompletionDialect("/v1/completions"))
 
 
 async def models(request: web.Request) -> web.Response:
-    """The model list of an available backend, passed through."""
-    return await pass_through_get(request, "/v1/models")
+    """The models clients may ask for, in OpenAI's shape.
+
+    One pool and no aliases: an available backend's list, passed through as it always
+    was. Several: the union of one available backend's list per pool, then the names
+    the config adds (served models no engine listed, aliases), each id once.
+    """
+    state = request.app[GATEWAY]
+    router = state.pools
+    if len(router.pools) == 1 and not router.aliases:
+        return await pass_through_get(request, "/v1/models")
+    try:
+        state.keys.identify(request.headers.get("Authorization"))
+    except Refusal as refusal:
+        return error_response(refusal)
+    entries: dict[str, dict[str, Any]] = {}
+    for each in router.pools:
+        listed = await _engine_models(request, each.pool)
+        for entry in listed:
+            entries.setdefault(entry["id"], entry)
+    for name in router.listed_names():
+        entries.setdefault(
+            name, {"id": name, "object": "model", "created": 0, "owned_by": "llm-tail-gateway"}
+        )
+    return web.json_response({"object": "list", "data": list(entries.values())})
+
+
+async def _engine_models(request: web.Request, pool: BackendPool) -> list[dict[str, Any]]:
+    """An available backend's `/v1/models` entries; none when it cannot say (down, TGI)."""
+    state = request.app[GATEWAY]
+    backend = pool.any_backend()
+    if backend is None:
+        return []
+    headers = {"X-Request-Id": request_id_of(request)}
+    if backend.api_key:
+        headers["Authorization"] = f"Bearer {backend.api_key}"
+    try:
+        response = await state.upstream.get(backend, "/v1/models", headers)
+        async with response:
+            if response.status != 200:
+                return []
+            listed = msgspec.json.decode(await response.read())
+    except (Refusal, aiohttp.ClientError, TimeoutError, msgspec.DecodeError):
+        return []
+    data = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [e for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)]
 
 
 async def pass_through_get(request: web.Request, path: str) -> web.Response:
-    """A GET that needs no slot (model lists, server info), sent to an available backend."""
+    """A GET that needs no slot (model lists, server info), sent to an available backend
+    of the default pool (TGI's `/info` answers for the default model)."""
     state = request.app[GATEWAY]
     try:
         state.keys.identify(request.headers.get("Authorization"))

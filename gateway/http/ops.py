@@ -26,10 +26,14 @@ async def readyz(request: web.Request) -> web.Response:
         return web.json_response(
             {"status": "not_ready", "reason": "measuring the backends' speed"}, status=503
         )
-    if not state.pool.has_available():
-        reason = "no healthy backend" if state.pool.backends else "no backend configured"
+    pools = state.pools.pools
+    if not any(each.pool.has_available() for each in pools):
+        configured = any(each.pool.backends for each in pools)
+        reason = "no healthy backend" if configured else "no backend configured"
         return web.json_response({"status": "not_ready", "reason": reason}, status=503)
-    available = [b.name for b in state.pool.backends if b.available(state.pool.clock())]
+    available = [
+        b.name for each in pools for b in each.pool.backends if b.available(each.pool.clock())
+    ]
     return web.json_response({"status": "ready", "backends": available})
 
 
@@ -56,9 +60,23 @@ async def debug_backends(request: web.Request) -> web.Response:
     if state.fleet is not None and state.fleet.leases is not None:
         for described, backend in zip(backends, state.pool.backends, strict=True):
             described["fleet"] = describe_leases(state.fleet.leases, backend)
+    others = [each for each in state.pools.pools if each.pool is not state.pool]
+    for each in others:
+        backends += each.sizer.describe()
     return web.json_response(
         {
             "backends": backends,
+            "pools": [
+                {
+                    "name": each.name,
+                    "serves": sorted(each.serves) or None,
+                    "default": each is state.pools.default,
+                    "backends": [b.name for b in each.pool.backends],
+                    "lanes": each.sizer.describe_lanes(),
+                }
+                for each in state.pools.pools
+            ],
+            "aliases": {name: dict(targets) for name, targets in state.pools.aliases.items()},
             "lanes": state.sizer.describe_lanes(),
             "fair_share": {
                 "enabled": state.settings.tenants.fair_share,

@@ -318,6 +318,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
     prefill_timer: asyncio.TimerHandle | None = None
     early: EarlyStream | None = None
     seen: Seen | None = None
+    scheduler = state.scheduler  # the default pool's, until the request's model says
     try:
         if state.draining:
             raise shutting_down()
@@ -326,6 +327,11 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             record.client = client.name
         server = state.settings.server
         body, raw = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
+        asked = body.get("model")
+        record.model = asked if isinstance(asked, str) else None
+        route = state.pools.resolve(record.model)  # before counting: no pool, no work
+        record.pool = route.pool.name
+        pool, scheduler = route.pool.pool, route.pool.scheduler
         tenant = state.tenants.identify(client, request.headers, body)
         record.tenant, record.tenant_weight = tenant.name, tenant.weight
         if state.retries.enabled:
@@ -349,8 +355,8 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             client,
             requested_lane,
             limits=state.limits,
-            token_ratio=state.pool.token_ratio(None),
-            cached_tokens=state.pool.expected_cached_tokens(shape.prefix)
+            token_ratio=pool.token_ratio(None),
+            cached_tokens=pool.expected_cached_tokens(shape.prefix)
             if state.settings.routing.lane_by_uncached_tokens
             else 0,
         )
@@ -365,11 +371,14 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.lane = lane
         record.max_tokens = admission.budget.max_tokens
         headers.update(admission_headers(admission))
-        state.pool.require_available(lane)
-        backend_body = encode_backend_body(dialect.backend_body(shape, admission.budget))
+        pool.require_available(lane)
+        backend_fields = dialect.backend_body(shape, admission.budget)
+        if route.target is not None:  # an alias: the backend is asked for its target
+            backend_fields["model"] = route.target
+        backend_body = encode_backend_body(backend_fields)
         quota = await state.quotas.reserve(  # the key's requests and tokens per minute
             client,
-            calibrated(shape.prompt_tokens, state.pool.token_ratio(None)),
+            calibrated(shape.prompt_tokens, pool.token_ratio(None)),
             admission.budget.total,
         )
         if quota is not None:
@@ -380,12 +389,12 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         if shape.stream and server.sse_keepalive_s > 0:
             early = EarlyStream(request, headers, server.sse_keepalive_s)
         record.enqueued = clock()
-        scheduler, budget = state.scheduler, admission.budget
+        budget = admission.budget
         note = WaitNote()
         queue_deadline = (
             None
             if client_deadline is None
-            else queue_budget_s(client_deadline, state.pool.prefill_s(lane, shape.prompt_tokens))
+            else queue_budget_s(client_deadline, pool.prefill_s(lane, shape.prompt_tokens))
         )
         hint = route_hint(
             request, shape, record.client, scheduler.deadline_for(lane, queue_deadline)
@@ -403,7 +412,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             )
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
-        if state.fleet is not None and state.fleet.leases is not None:
+        if state.fleet is not None and state.fleet.leases is not None and pool is state.pool:
             grant = held = await leased(
                 state.fleet.leases,
                 scheduler,
@@ -443,7 +452,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             request,
             record,
             upstream=state.upstream,
-            pool=state.pool,
+            pool=pool,
             backend=lambda: held.slot.backend,
             plan_for=plan_for,
             move_elsewhere=lambda: moved(
@@ -481,7 +490,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 record.timings = split_time(record, grant.slot)
                 learn_from(record, grant.slot)
             finally:
-                state.scheduler.release(grant, *served_tokens(record))
+                scheduler.release(grant, *served_tokens(record))
                 record.cost_tokens = grant.cost
         state.quotas.give_back(quota, record)  # in the background: never delays the answer
         if seen is not None:

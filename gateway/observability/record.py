@@ -50,6 +50,9 @@ class RequestRecord:
     route: str
     arrival: float
     model: str | None = None
+    #: The pool it went to (`upstream/models.py`: its models joined, `*` for the catch-all);
+    #: None: refused before a pool was chosen.
+    pool: str | None = None
     #: The API key's name, when keys are configured.
     client: str | None = None
     #: Who the request is for ([tenants]): the key's name, a header's or the body's
@@ -159,6 +162,7 @@ class RequestRecord:
             "request_id": self.request_id,
             "route": self.route,
             "model": self.model,
+            "pool": self.pool,
             "client": self.client,
             "tenant": self.tenant,
             "tenant_weight": self.tenant_weight,

@@ -39,6 +39,8 @@ _CONFIG_HELP = {
     "/v1/load_lora_adapter); implied by --lora-adapters",
     "max_lora": "distinct LoRA adapters in one batch and resident at once (vLLM's --max-loras)",
     "lora_swap_ms": "time added to a step that loads an adapter not resident (a swap)",
+    "strict_model": "answer 404 model_not_found for a model it does not serve (vLLM, SGLang); "
+    "off: any name is answered (llama.cpp)",
     "timings": "where each request's time went, told as vllm (request time histograms in "
     "/metrics), llamacpp (those, and llama.cpp's `timings` in every OpenAI answer) or none",
 }

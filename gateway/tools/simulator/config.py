@@ -73,6 +73,9 @@ class SimulatorConfig:
     max_lora: int = 1
     #: Time added to a step that loads an adapter not resident (a swap).
     lora_swap_ms: float = 25.0
+    #: Answer 404 `model_not_found` for a `model` it does not serve, as vLLM and SGLang
+    #: do; off: any name is answered, as llama.cpp does (LoRA serving implies it).
+    strict_model: bool = False
 
     @property
     def lora(self) -> bool:

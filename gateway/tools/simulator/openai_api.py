@@ -163,6 +163,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
         info.error_code = exc.code
         return _error_response(exc)
     info.model = params.model
+    state.by_model[params.model] = state.by_model.get(params.model, 0) + 1
     info.stream = params.stream
     info.max_tokens = params.max_tokens
     info.include_usage = params.include_usage
@@ -208,7 +209,8 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
         raise invalid_request("'model' must be a string", "model")
     adapters = state.engine.adapters
     adapter = model if adapters is not None and adapters.serves(model) else None
-    if adapters is not None and adapter is None and model != state.config.model:
+    strict = adapters is not None or state.config.strict_model
+    if strict and adapter is None and model != state.config.model:
         raise SimulatorError(
             404, "model_not_found", f"The model `{model}` does not exist.",
             param="model", error_type="NotFoundError",

@@ -104,7 +104,12 @@ async def _health(request: web.Request) -> web.Response:
 async def _stats(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     return web.json_response(
-        {"received": state.received, "rejected": state.rejected, **state.engine.stats()}
+        {
+            "received": state.received,
+            "rejected": state.rejected,
+            "by_model": state.by_model,
+            **state.engine.stats(),
+        }
     )
 
 

@@ -83,6 +83,8 @@ class SimulatorState:
     counter: PromptCounter
     received: int = 0
     rejected: int = 0
+    #: Requests accepted, by the `model` they named (what a gateway sent where).
+    by_model: dict[str, int] = field(default_factory=dict)
     requests: deque[RequestInfo] = field(default_factory=lambda: deque(maxlen=REQUEST_LOG_SIZE))
 
     def receive(self, request: web.Request, route: Route, model: str | None = None) -> RequestInfo:

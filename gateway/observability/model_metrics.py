@@ -1,0 +1,87 @@
+"""Metrics per model and per pool: what each model's clients got, and each pool's queue.
+
+The gateway-wide series (`metrics.py`) stay as they were, by lane; a gateway in
+front of several models adds these, so a dashboard can pick a model
+(`gateway_model_*`, labelled with the model as asked: an alias is its own model)
+or a pool (`gateway_pool_*`). The `model` label is bounded: only names the
+config or the backends list (served models, adapters, aliases) are labels, any
+other name a client sends is counted as `other`, so a client cycling through
+random names cannot grow the series without bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.observability.metrics import LATENCY_BUCKETS
+from gateway.observability.record import RequestRecord
+from gateway.upstream.models import ModelRouter
+
+#: The `model` label of a name nothing lists (and of a request without a model).
+OTHER_MODEL = "other"
+
+
+class ModelMetrics:
+    """`gateway_model_requests_total`, `gateway_model_ttft_seconds`, and the pools' gauges."""
+
+    def __init__(self, registry: CollectorRegistry, router: ModelRouter) -> None:
+        self.router = router
+        self.requests = Counter(
+            "gateway_model_requests",
+            "Requests by model (as asked), the pool it went to and outcome.",
+            ["model", "pool", "outcome"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "gateway_model_ttft_seconds",
+            "Arrival to first token, by model (as asked).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        registry.register(_PoolGauges(router))
+
+    def label(self, model: str | None) -> str:
+        """The model's label: its name when the config or a backend lists it."""
+        if model is None:
+            return OTHER_MODEL
+        if model in self.router.aliases or any(
+            model in p.serves or p.lists_adapter(model) for p in self.router.pools
+        ):
+            return model
+        return OTHER_MODEL
+
+    def observe(self, record: RequestRecord) -> None:
+        model = self.label(record.model)
+        outcome = record.outcome or "unknown"
+        self.requests.labels(model, record.pool or "none", outcome).inc()
+        ttft = record.ttft_ms
+        if ttft is not None:
+            self.ttft.labels(model).observe(ttft / 1000.0)
+
+
+class _PoolGauges(Collector):
+    """Queue depth and slots held per pool and lane, read live from each pool's scheduler."""
+
+    def __init__(self, router: ModelRouter) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily(
+            "gateway_pool_queue_depth",
+            "Requests waiting, by pool and lane.",
+            labels=["pool", "lane"],
+        )
+        in_flight = GaugeMetricFamily(
+            "gateway_pool_in_flight", "Slots held, by pool and lane.", labels=["pool", "lane"]
+        )
+        for each in self.router.pools:
+            for lane in each.scheduler.lanes:
+                depth.add_metric([each.name, lane.name], len(lane.queue))
+                in_flight.add_metric([each.name, lane.name], lane.in_flight)
+        yield depth
+        yield in_flight

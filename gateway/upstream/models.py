@@ -1,0 +1,124 @@
+"""Which pool serves a request's `model`: a pool per model, aliases, the catch-all.
+
+Backends that list the same models (`[[backends]] models`) form one pool with its
+own queues, slots, prefill budgets and learned figures (`app.build_pools`), so a
+full pool never delays a request for another: each is a whole gateway for its
+models, sharing only the door (admission, tenants, metrics). Backends that list
+no model form the catch-all pool `*`, which serves any name: a config with one
+backend and no `models` keeps working unchanged, whatever its clients ask for.
+
+Resolution, in order: an alias (`[[models]]`) becomes its target (one of its
+weighted targets, picked at random per request, for a gradual switch); the
+target's pool is the one that lists it, else one whose backends list it as a
+LoRA adapter (`/v1/models` entries with a `parent`, re-read on health checks),
+else the catch-all; none of those: `model_not_found`, before any token is
+counted or any slot taken. A body without `model` (TGI's routes have none) goes
+to the default pool: the `[[models]]` entry marked `default`, else the only or
+first pool.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import ModelSettings
+from gateway.outcomes import ModelNotFound
+from gateway.upstream.pool import BackendPool
+
+#: The pool of the backends that list no model: it serves any name.
+CATCH_ALL = "*"
+
+
+def pool_key(models: Sequence[str]) -> str:
+    """A pool's name: its models in their configured order, or `*`."""
+    return ",".join(dict.fromkeys(models)) if models else CATCH_ALL
+
+
+@dataclass(slots=True)
+class ModelPool:
+    """One pool: the backends serving the same models, and the machinery that is per pool.
+
+    `scheduler`, `sizer` and `health` are typed loosely: this module only routes."""
+
+    name: str
+    serves: frozenset[str]
+    pool: BackendPool
+    scheduler: Any
+    sizer: Any
+    health: Any
+
+    @property
+    def catch_all(self) -> bool:
+        return not self.serves
+
+    def lists_adapter(self, model: str) -> bool:
+        return any(model in backend.lora.listed for backend in self.pool.backends)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes: its pool, and the model name its backend is sent."""
+
+    pool: ModelPool
+    #: The body's `model` for the backend: the alias's target; None: leave the body be.
+    target: str | None
+
+
+class ModelRouter:
+    """The pools and aliases, and the one question: which pool for this `model`?"""
+
+    def __init__(
+        self,
+        pools: Sequence[ModelPool],
+        aliases: Sequence[ModelSettings] = (),
+        *,
+        pick: Callable[[Sequence[str], Sequence[float]], str] | None = None,
+    ) -> None:
+        assert pools, "a gateway has at least one pool (the catch-all when none is named)"
+        self.pools = list(pools)
+        self.aliases = {alias.name: alias.weighted_targets() for alias in aliases}
+        self._by_model = {model: p for p in self.pools for model in p.serves}
+        self._catch_all = next((p for p in self.pools if p.catch_all), None)
+        default = next((a for a in aliases if a.default), None)
+        self.default = self.pools[0]
+        if default is not None:
+            self.default = self.resolve(default.weighted_targets()[0][0]).pool
+        self._pick = pick or (lambda names, weights: random.choices(names, weights)[0])
+
+    def resolve(self, model: str | None) -> Route:
+        """The request's route; raises ModelNotFound when no pool serves `model`."""
+        if model is None:
+            return Route(self.default, None)
+        targets = self.aliases.get(model)
+        target = model
+        if targets is not None:
+            names = [name for name, _ in targets]
+            target = names[0] if len(names) == 1 else self._pick(names, [w for _, w in targets])
+        pool = self._by_model.get(target)
+        if pool is None:
+            pool = next((p for p in self.pools if p.lists_adapter(target)), self._catch_all)
+        if pool is None:
+            raise ModelNotFound(
+                f"The model {model!r} does not exist here. Served: "
+                + ", ".join(self.listed_names())
+                + ".",
+                param="model",
+            )
+        return Route(pool, target if target != model else None)
+
+    def listed_names(self) -> list[str]:
+        """Every name a client may ask for that the config knows: served models, adapters
+        the backends list, aliases; each once, in that order."""
+        names: dict[str, None] = {}
+        for p in self.pools:
+            names.update(dict.fromkeys(sorted(p.serves)))
+            for backend in p.pool.backends:
+                names.update(dict.fromkeys(sorted(backend.lora.listed)))
+        names.update(dict.fromkeys(self.aliases))
+        return list(names)
+
+    def of_backend(self, name: str) -> ModelPool | None:
+        return next((p for p in self.pools if any(b.name == name for b in p.pool.backends)), None)
