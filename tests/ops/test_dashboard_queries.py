@@ -364,6 +364,8 @@ async def test_every_panel_and_recording_rule_returns_data_from_a_real_prometheu
         "instance": target,
         "lane": "|".join(LANES),
         "backend": "b0",
+        "model": ".+",  # the selectors' "All"
+        "pool": ".+",
         "DS_PROMETHEUS": "prometheus",
         "__rate_interval": RATE_INTERVAL,
     }
