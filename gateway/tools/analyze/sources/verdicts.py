@@ -59,7 +59,9 @@ def tgi_verdict(entries: Sequence[dict[str, Any]], fraction: float = TAIL_FRACTI
 
 
 def vllm_verdict(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    stats = [e for e in entries if e["kind"] == "stats"]
+    stats = sorted(
+        (e for e in entries if e["kind"] == "stats"), key=lambda e: clock_s(e["time"]) or 0
+    )
     access = [e for e in entries if e["kind"] == "access"]
     windows: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
