@@ -20,9 +20,9 @@ from typing import Any, TextIO
 
 from gateway.tools.analyze.analyzer import TAIL_FRACTION, analyze, load_records
 from gateway.tools.analyze.report_text import format_report
+from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S
 from gateway.tools.analyze.sources.detect import read_sources
 from gateway.tools.analyze.sources.verdicts import format_sources, source_analysis
-from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S
 
 #: What to run when matplotlib is missing. The package is not on any index, so
@@ -178,8 +178,9 @@ def _main_sources(
     if args.html:
         from gateway.tools.analyze.report_html import render
 
-        Path(args.html).write_text(render(analysis, records, source=", ".join(args.logfile)),
-                                   encoding="utf-8")
+        Path(args.html).write_text(
+            render(analysis, records, source=", ".join(args.logfile)), encoding="utf-8"
+        )
     return 0
 
 

@@ -21,8 +21,11 @@ def classify(line: str) -> tuple[str, dict[str, Any] | None]:
     """(source name, parsed entry) for one line; ("unknown", None) when nothing reads it."""
     if parse_ours(line) is not None:
         return "ours", None
-    for name, parser in (("tgi", tgi.parse_line), ("nginx", nginx.parse_line),
-                         ("vllm", vllm.parse_line)):
+    for name, parser in (
+        ("tgi", tgi.parse_line),
+        ("nginx", nginx.parse_line),
+        ("vllm", vllm.parse_line),
+    ):
         entry = parser(line)
         if entry is not None:
             return name, entry

@@ -33,7 +33,9 @@ FIELDS: dict[str, str] = {
     "time_per_token": "time_per_token_ms",
 }
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_FIELD = re.compile(r'\b(total_time|validation_time|queue_time|inference_time|time_per_token)="?([^"\s}]+)"?')
+_FIELD = re.compile(
+    r'\b(total_time|validation_time|queue_time|inference_time|time_per_token)="?([^"\s}]+)"?'
+)
 _SPAN = re.compile(r"\b([a-z_]+)\{")
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z?)")
 
@@ -70,8 +72,8 @@ def _parse_json(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(obj, dict):
         return None
-    fields = obj.get("fields") if isinstance(obj.get("fields"), dict) else {}
-    message = obj.get("message", fields.get("message"))
+    fields = obj.get("fields")
+    message = obj.get("message", fields.get("message") if isinstance(fields, dict) else None)
     if message != "Success":
         return None
     spans = [obj.get("span")] + list(obj.get("spans") or [])

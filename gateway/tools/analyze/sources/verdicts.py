@@ -34,7 +34,9 @@ def _pcts(values: Sequence[float | None]) -> dict[str, float | None]:
     return {k: (round(v, 3) if v is not None else None) for k, v in out.items()}
 
 
-def tgi_verdict(entries: Sequence[dict[str, Any]], fraction: float = TAIL_FRACTION) -> dict[str, Any]:
+def tgi_verdict(
+    entries: Sequence[dict[str, Any]], fraction: float = TAIL_FRACTION
+) -> dict[str, Any]:
     ranked = sorted(entries, key=lambda e: e["total_ms"], reverse=True)
     tail = ranked[: max(1, round(len(ranked) * fraction))] if ranked else []
     queue = sum(e.get("queue_ms", 0.0) for e in tail)
@@ -176,7 +178,9 @@ def format_sources(analysis: dict[str, Any]) -> str:
             )
         for w in vl["queued_windows"]:
             secs = "" if w["seconds"] is None else f" ({w['seconds']:g} s)"
-            lines.append(f"    queued {w['start']} .. {w['end']}{secs}, up to {w['max_waiting']} waiting")
+            lines.append(
+                f"    queued {w['start']} .. {w['end']}{secs}, up to {w['max_waiting']} waiting"
+            )
         if vl["statuses"]:
             lines.append("  statuses: " + ", ".join(f"{k}: {v}" for k, v in vl["statuses"].items()))
         lines.append(f"  cannot tell: {vl['cannot_tell']}")
