@@ -16,11 +16,13 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gateway.tools.analyze.analyzer import TAIL_FRACTION, analyze, load_records
 from gateway.tools.analyze.report_text import format_report
 from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S
+from gateway.tools.analyze.sources.detect import read_sources
+from gateway.tools.analyze.sources.verdicts import format_sources, source_analysis
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S
 
 #: What to run when matplotlib is missing. The package is not on any index, so
@@ -32,9 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `analyze` subcommand's arguments (also used by `python -m gateway.tools.analyze`)."""
     parser.add_argument(
         "logfile",
-        nargs="?",
-        default="-",
-        help="the gateway's JSON log (stdout of `serve`); '-' or nothing reads stdin; .gz is ok",
+        nargs="*",
+        default=["-"],
+        help="the gateway's JSON log (stdout of `serve`), or TGI's, vLLM's or nginx's "
+        "(detected per line; files may be mixed); '-' or nothing reads stdin; .gz is ok",
     )
     parser.add_argument(
         "--json", metavar="FILE", help="also write the numbers as JSON ('-': stdout, no text)"
@@ -96,12 +99,19 @@ def main(args: argparse.Namespace) -> int:
         except ImportError:
             print(f"analyze: --html needs matplotlib: {REPORT_INSTALL}", file=sys.stderr)
             return 2
-    try:
-        with _open(args.logfile) as stream:
-            records, skipped = load_records(stream)
-    except OSError as exc:
-        print(f"analyze: cannot read {args.logfile}: {exc}", file=sys.stderr)
-        return 2
+    paths = [args.logfile] if isinstance(args.logfile, str) else list(args.logfile or ["-"])
+    lines: list[str] = []
+    for path in paths:
+        try:
+            with _open(path) as stream:
+                lines.extend(stream)
+        except OSError as exc:
+            print(f"analyze: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+    records, skipped = load_records(lines)
+    found, unknown = read_sources(lines)
+    if any(found.values()):
+        return _main_sources(args, records, skipped, found, unknown)
     analysis = analyze(
         records,
         skipped=skipped,
@@ -121,9 +131,57 @@ def main(args: argparse.Namespace) -> int:
     if args.html:
         from gateway.tools.analyze.report_html import render
 
-        source = "stdin" if args.logfile == "-" else args.logfile
+        source = "stdin" if paths == ["-"] else ", ".join(paths)
         Path(args.html).write_text(render(analysis, records, source=source), encoding="utf-8")
     return 0 if records else 1
+
+
+def _main_sources(
+    args: argparse.Namespace,
+    records: list[dict[str, Any]],
+    skipped: int,
+    found: dict[str, list[dict[str, Any]]],
+    unknown: int,
+) -> int:
+    """Other servers' lines were in the input: their verdicts, after ours when ours are there.
+
+    Lines of other sources are not 'skipped' for our part of the report; the
+    ones no reader knew are counted once, in the sources part.
+    """
+    other = sum(len(v) for v in found.values())
+    sources = source_analysis(found, unknown)
+    analysis: dict[str, Any] = {}
+    text = ""
+    if records:
+        analysis = analyze(
+            records,
+            skipped=max(0, skipped - other),
+            tail_fraction=args.tail_percent / 100,
+            fairness_window_s=args.fairness_window,
+            storm_window_s=args.storm_window,
+            storm_share=args.storm_percent / 100,
+        )
+        text = format_report(analysis) + "\n"
+    analysis["sources"] = sources
+    text += format_sources(sources)
+    if args.json != "-":
+        sys.stdout.write(text)
+    if args.json:
+        out = json.dumps(analysis, indent=2, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(out)
+        else:
+            Path(args.json).write_text(out, encoding="utf-8")
+    if args.html and not records:
+        print("analyze: --html needs the gateway's own log lines; none were found", file=sys.stderr)
+        return 2
+    if args.html:
+        from gateway.tools.analyze.report_html import render
+
+        Path(args.html).write_text(
+            render(analysis, records, source=", ".join(args.logfile)), encoding="utf-8"
+        )
+    return 0
 
 
 @contextmanager

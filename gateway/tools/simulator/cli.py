@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import math
 import signal
 import sys
 
 from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.server import start_simulator
+from gateway.tools.simulator.server_logs import DEFAULT_INTERVAL_S, LOG_FORMATS, ServerLog
 
 _CONFIG_HELP = {
     "max_batch": "most sequences running at once; the rest wait FIFO inside the engine",
@@ -54,6 +56,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`--host`, `--port` and one flag per SimulatorConfig knob, defaulting to the config's."""
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (8000)")
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help="also write the log a real server would: TGI's text or JSON Success lines, or "
+        "vLLM's stats and access lines (default: none)",
+    )
+    parser.add_argument(
+        "--log-file", default=None, help="where --log-format lines go (default: stderr)"
+    )
+    parser.add_argument(
+        "--log-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help=f"seconds between vLLM stats lines (default {DEFAULT_INTERVAL_S:g})",
+    )
     for f in dataclasses.fields(SimulatorConfig):
         default = f.default
         if isinstance(default, bool):  # --prefix-cache / --no-prefix-cache
@@ -87,11 +106,29 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(config, args.host, args.port))
+    fmt = getattr(args, "log_format", None)
+    if fmt is None:
+        return asyncio.run(_serve(config, args.host, args.port))
+    if not (math.isfinite(args.log_interval) and args.log_interval > 0):
+        print("simulate: --log-interval must be a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        stream = open(args.log_file, "a", encoding="utf-8") if args.log_file else sys.stderr
+    except OSError as exc:
+        print(f"simulate: cannot open {args.log_file}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        log = ServerLog(fmt, stream, args.log_interval)
+        return asyncio.run(_serve(config, args.host, args.port, log))
+    finally:
+        if stream is not sys.stderr:
+            stream.close()
 
 
-async def _serve(config: SimulatorConfig, host: str, port: int) -> int:
-    runner, bound = await start_simulator(config, host, port)
+async def _serve(
+    config: SimulatorConfig, host: str, port: int, server_log: ServerLog | None = None
+) -> int:
+    runner, bound = await start_simulator(config, host, port, server_log)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

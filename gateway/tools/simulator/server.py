@@ -26,6 +26,7 @@ from prometheus_client.core import (
 from gateway.tools.simulator import openai_api, tgi_api
 from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.engine import Engine
+from gateway.tools.simulator.server_logs import ServerLog, install
 from gateway.tools.simulator.state import CONFIG_KEY, STATE_KEY, SimulatorState
 from gateway.tools.simulator.tokens import ENCODING_NAME, PromptCounter, load_encoding
 
@@ -36,12 +37,16 @@ SHUTDOWN_TIMEOUT_S = 5.0
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def build_simulator_app(config: SimulatorConfig) -> web.Application:
+def build_simulator_app(
+    config: SimulatorConfig, server_log: ServerLog | None = None
+) -> web.Application:
     """The simulator as an aiohttp app; the engine and tokenizer live for the app's lifetime."""
     # Long prompts are the point of the simulator: allow bodies far above aiohttp's 1 MiB default.
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[CONFIG_KEY] = config
     app.cleanup_ctx.append(_lifecycle)
+    if server_log is not None:
+        install(app, server_log)
     app.on_shutdown.append(_stop_engine)
     openai_api.add_routes(app)
     tgi_api.add_routes(app)
@@ -76,13 +81,16 @@ async def _stop_engine(app: web.Application) -> None:
 
 
 async def start_simulator(
-    config: SimulatorConfig, host: str = "127.0.0.1", port: int = 0
+    config: SimulatorConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    server_log: ServerLog | None = None,
 ) -> tuple[web.AppRunner, int]:
     """Serve the simulator (port 0: an ephemeral one); the caller owns `runner.cleanup()`."""
     # handler_cancellation: a client that disconnects cancels its handler even before any
     # byte was written, which is how the engine learns to drop a waiting prompt.
     runner = web.AppRunner(
-        build_simulator_app(config),
+        build_simulator_app(config, server_log),
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=SHUTDOWN_TIMEOUT_S,

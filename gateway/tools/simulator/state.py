@@ -97,8 +97,10 @@ class SimulatorState:
         )
         self.received += 1
         self.requests.append(info)
+        request[INFO_KEY] = info  # for the server-log middleware (server_logs)
         return info
 
 
+INFO_KEY = "simulator_request_info"
 STATE_KEY = web.AppKey("simulator_state", SimulatorState)
 CONFIG_KEY = web.AppKey("simulator_config", SimulatorConfig)
