@@ -111,3 +111,8 @@ bench-retry-storm: $(STAMP)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: bench-models
+## bench-models: two models on two simulators: B's short P99 alone vs with A's pool at 150%, misrouted requests, an alias moving 10% → 50% → 100%, ~3 min
+bench-models: $(STAMP)
+	$(PY) scripts/bench_models.py $(ARGS)

@@ -58,8 +58,7 @@ def build_app(
         offload_min_chars=settings.tokenizer.offload_min_chars,
     )
     events = make_logger(sys.stderr, settings.logging.level)
-    prompt_sizes = PromptSizes()
-    router = build_pools(settings, events, prompt_sizes)
+    router = build_pools(settings, events)
     default = router.default
     pool, scheduler = default.pool, default.scheduler
     metrics = GatewayMetrics()
@@ -82,7 +81,7 @@ def build_app(
         tenants=tenants,
         tenant_metrics=tenant_metrics,
         loop_lag=loop_lag,
-        prompt_sizes=prompt_sizes,
+        prompt_sizes=default.sizer.prompt_sizes,
         sizer=default.sizer,
         pools=router,
         shadow=ShadowMirror(
@@ -130,7 +129,7 @@ def build_app(
     return app
 
 
-def build_pools(settings: Settings, events: Any, prompt_sizes: PromptSizes) -> ModelRouter:
+def build_pools(settings: Settings, events: Any) -> ModelRouter:
     """A pool per served-model list (`upstream/models.py`), each with its own backends,
     scheduler, health checks and sizer: one model's queue never delays another's."""
     groups: dict[str, list[BackendSettings]] = {}
@@ -164,7 +163,8 @@ def build_pools(settings: Settings, events: Any, prompt_sizes: PromptSizes) -> M
         )
         pool.on_available = scheduler.notify_capacity
         health = HealthMonitor(pool, settings.health)
-        sizer = BackendSizer(settings, pool, scheduler, events, prompt_sizes)
+        # Its own prompt sizes: another model's long prompts say nothing of this engine floor.
+        sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes())
         health.after_round = sizer.round
         serves = frozenset(members[0].models) if members else frozenset()
         pools.append(ModelPool(name, serves, pool, scheduler, sizer, health))

@@ -385,7 +385,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             headers.update(quota.headers)
             quota.check()
             record.quota_tokens = quota.tokens
-        state.prompt_sizes.add(lane, shape.prompt_tokens)
+        route.pool.sizer.prompt_sizes.add(lane, shape.prompt_tokens)
         if shape.stream and server.sse_keepalive_s > 0:
             early = EarlyStream(request, headers, server.sse_keepalive_s)
         record.enqueued = clock()
