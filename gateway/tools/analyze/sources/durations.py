@@ -7,6 +7,7 @@ tools that print humantime-style values.
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNIT_MS = {
@@ -29,4 +30,5 @@ def duration_ms(text: object) -> float | None:
     match = _DURATION.match(text.strip().strip('"'))
     if match is None:
         return None
-    return float(match.group(1)) * _UNIT_MS[match.group(2)]
+    ms = float(match.group(1)) * _UNIT_MS[match.group(2)]
+    return ms if math.isfinite(ms) else None  # 400 digits: not a duration anyone measured

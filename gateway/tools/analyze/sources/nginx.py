@@ -11,6 +11,7 @@ is their sum here) and "-" when no upstream answered.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 
@@ -19,7 +20,7 @@ def seconds_ms(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        return float(value) * 1000
+        return float(value) * 1000 if math.isfinite(value) else None
     if not isinstance(value, str):
         return None
     total = 0.0
@@ -29,9 +30,12 @@ def seconds_ms(value: object) -> float | None:
         if not part or part == "-":
             continue
         try:
-            total += float(part)
+            seconds = float(part)
         except ValueError:
             return None
+        if not math.isfinite(seconds):  # "nan", "inf": not a time nginx wrote
+            return None
+        total += seconds
         seen = True
     return total * 1000 if seen else None
 

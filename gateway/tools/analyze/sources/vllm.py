@@ -15,6 +15,7 @@ which has a status but no time. Neither has a per-request TTFT or queue time.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -22,13 +23,13 @@ from gateway.tools.analyze.sources.tgi import strip_ansi
 
 _TIME = re.compile(r"\b(?:INFO|WARNING|DEBUG)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
 _NUMBERS = {
-    "prompt_tps": re.compile(r"Avg prompt throughput: ([0-9.]+) tokens/s"),
-    "generation_tps": re.compile(r"Avg generation throughput: ([0-9.]+) tokens/s"),
+    "prompt_tps": re.compile(r"Avg prompt throughput: (\d+(?:\.\d+)?) tokens/s"),
+    "generation_tps": re.compile(r"Avg generation throughput: (\d+(?:\.\d+)?) tokens/s"),
     "running": re.compile(r"Running: (\d+) reqs"),
     "waiting": re.compile(r"(?:Waiting|Pending): (\d+) reqs"),
     "swapped": re.compile(r"Swapped: (\d+) reqs"),
-    "kv_usage_pct": re.compile(r"GPU KV cache usage: ([0-9.]+)%"),
-    "prefix_hit_pct": re.compile(r"Prefix cache hit rate: ([0-9.]+)%"),
+    "kv_usage_pct": re.compile(r"GPU KV cache usage: (\d+(?:\.\d+)?)%"),
+    "prefix_hit_pct": re.compile(r"Prefix cache hit rate: (\d+(?:\.\d+)?)%"),
 }
 _ACCESS = re.compile(r'"(GET|POST|PUT|DELETE|HEAD|OPTIONS) (\S+) HTTP/[0-9.]+" (\d{3})')
 
@@ -42,8 +43,9 @@ def parse_line(line: str) -> dict[str, Any] | None:
         entry: dict[str, Any] = {"source": "vllm", "kind": "stats", "time": stamp}
         for key, pattern in _NUMBERS.items():
             match = pattern.search(text)
-            if match:
-                entry[key] = float(match.group(1))
+            # A corrupted or absurd number (71..0, 400 digits) is not read: skipped, not fatal.
+            if match and math.isfinite(value := float(match.group(1))):
+                entry[key] = value
         if "running" not in entry or "waiting" not in entry:
             return None
         return entry
