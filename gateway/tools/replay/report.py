@@ -60,12 +60,12 @@ def smallest_fleet(
 ) -> int | None:
     """The fewest backends for which `meets_with(n)` holds (assumed monotone); None: not
     even `high`. Doubles up from `low`, then bisects."""
-    n = low
+    bad, n = low - 1, low
     while not meets_with(n):
         if n >= high:
             return None
-        n = min(high, n * 2)
-    good, bad = n, n // 2 if n > low else low - 1
+        bad, n = n, min(high, n * 2)
+    good = n
     while good - bad > 1:
         mid = (good + bad) // 2
         if meets_with(mid):
