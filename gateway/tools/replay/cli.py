@@ -53,7 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help='write {"direct": RUN, "gateway": RUN}')
 
 
-def engine_model(args: argparse.Namespace, source: Source) -> tuple[SimulatorConfig, dict[str, str]]:
+def engine_model(
+    args: argparse.Namespace, source: Source
+) -> tuple[SimulatorConfig, dict[str, str]]:
     """The simulator's knobs from the flags, else the source's measured figures, else defaults;
     with where each figure came from."""
     base = SimulatorConfig()
@@ -67,7 +69,9 @@ def engine_model(args: argparse.Namespace, source: Source) -> tuple[SimulatorCon
     else:
         prefill, origin["prefill"] = base.prefill_ms_per_token, "default"
     tpot = args.decode_ms_per_token or source.tpot_ms
-    origin["decode"] = "flag" if args.decode_ms_per_token else "log" if source.tpot_ms else "default"
+    origin["decode"] = (
+        "flag" if args.decode_ms_per_token else "log" if source.tpot_ms else "default"
+    )
     step_base = base.step_base_ms
     if tpot:  # a full batch's step takes `tpot`: its fixed part is what the sequences leave
         step_base = max(0.1, tpot - slots * base.decode_ms_per_seq)
@@ -125,7 +129,7 @@ def _target(spec: str) -> tuple[str, float]:
     try:
         seconds = float(number) / scale
     except ValueError:
-        raise ValueError(f"--target-p99 wants CLASS=SECONDS (e.g. interactive=2s), got {spec!r}")
+        seconds = 0.0
     if not cls or not seconds > 0:
         raise ValueError(f"--target-p99 wants CLASS=SECONDS (e.g. interactive=2s), got {spec!r}")
     return cls.strip(), seconds

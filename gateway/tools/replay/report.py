@@ -16,9 +16,7 @@ def summary(run: Run) -> dict[str, Any]:
         mine = [r for r in run.results if r.cls == cls]
         ttfts = [r.ttft_s * 1000.0 for r in mine if r.ttft_s is not None and r.end is not None]
         classes[cls] = {
-            "ttft_ms": {
-                f"p{q}": _ms(percentile(ttfts, q)) for q in (50, 95, 99)
-            },
+            "ttft_ms": {f"p{q}": _ms(percentile(ttfts, q)) for q in (50, 95, 99)},
             "completed": len(ttfts),
             "refused": sum(1 for r in mine if r.refused is not None),
             "goodput_rps": round(len(ttfts) / run.virtual_s, 3) if run.virtual_s > 0 else None,
@@ -55,9 +53,7 @@ def meets(run: dict[str, Any], cls: str, target_ms: float) -> bool:
     return p99 is not None and p99 <= target_ms
 
 
-def smallest_fleet(
-    meets_with: Callable[[int], bool], low: int = 1, high: int = 64
-) -> int | None:
+def smallest_fleet(meets_with: Callable[[int], bool], low: int = 1, high: int = 64) -> int | None:
     """The fewest backends for which `meets_with(n)` holds (assumed monotone); None: not
     even `high`. Doubles up from `low`, then bisects."""
     bad, n = low - 1, low

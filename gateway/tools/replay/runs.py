@@ -24,7 +24,8 @@ from gateway.scheduling.scheduler import Scheduler, WaitNote
 from gateway.tools.replay.sources import Arrival
 from gateway.tools.replay.vclock import run_virtual
 from gateway.tools.simulator.config import SimulatorConfig
-from gateway.tools.simulator.engine import Engine, Sequence as EngineSequence, TokenEvent
+from gateway.tools.simulator.engine import Engine, TokenEvent
+from gateway.tools.simulator.engine import Sequence as EngineSequence
 from gateway.upstream.learn import learn_from, split_time
 from gateway.upstream.pool import Backend, BackendPool
 
@@ -139,9 +140,7 @@ async def _direct(arrivals: Sequence[Arrival], classes: Sequence[str], n: int,
         run.results.append(result)
         # A plain client: the engine holding the fewest, ties round-robin.
         start = next(turn) % n
-        engine = min(
-            (engines[(start + i) % n] for i in range(n)), key=lambda e: e.in_flight
-        )
+        engine = min((engines[(start + i) % n] for i in range(n)), key=lambda e: e.in_flight)
         seq = engine.submit(arrival.prompt_tokens, arrival.max_tokens)
         first, end = watch.track(seq)
         result.first_token = await first
@@ -224,9 +223,9 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
 
 def run_direct(arrivals: Sequence[Arrival], classes: Sequence[str], backends: int,
                config: SimulatorConfig) -> Run:  # fmt: skip
-    return run_virtual(_direct(arrivals, classes, backends, config))  # type: ignore[no-any-return]
+    return run_virtual(_direct(arrivals, classes, backends, config))
 
 
 def run_gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings: Settings,
                 config: SimulatorConfig) -> Run:  # fmt: skip
-    return run_virtual(_gateway(arrivals, classes, settings, config))  # type: ignore[no-any-return]
+    return run_virtual(_gateway(arrivals, classes, settings, config))
