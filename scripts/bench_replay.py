@@ -143,7 +143,7 @@ async def fidelity(trace: Path, start_s: float, seconds: float, load: float, bac
     speedup = load * capacity_rps(own, SimulatorConfig(), backends) / source_rps(own)
     arrivals = planned(trace, first, rows, speedup)
     started = time.perf_counter()
-    virt = virtual(arrivals, backends)
+    virt = await asyncio.to_thread(virtual, arrivals, backends)  # its own (virtual) loop
     virtual_wall = time.perf_counter() - started
     started = time.perf_counter()
     real_run = await real(trace, first, rows, speedup, backends, work)
@@ -204,7 +204,7 @@ async def main() -> int:
                 p99 = virtual(arrivals, n)["gateway"]["classes"]["interactive"]["ttft_ms"]["p99"]
                 return p99 is not None and p99 <= args.target_p99 * 1000.0
 
-            fewest = smallest_fleet(meets, 1, 16)
+            fewest = await asyncio.to_thread(smallest_fleet, meets, 1, 16)
             print(f"\nsweep: {fewest} backend(s) meet interactive P99 <= {args.target_p99:g} s "
                   "(slice at 1.2x one backend's capacity)")  # fmt: skip
             checks = {}
