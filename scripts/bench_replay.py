@@ -126,7 +126,10 @@ def print_fidelity(label: str, rows: dict[str, Any]) -> None:
     print(f"  {'class':<12} {'real p50':>9} {'virt p50':>9} {'real p99':>9} {'virt p99':>9} "
           f"{'gap':>7} {'real n':>7} {'virt n':>7} {'real ref':>8} {'virt ref':>8}")  # fmt: skip
     for cls, row in rows.items():
-        real_fig, virt = row["real"], row["virtual"] or {"ttft_ms": {}, "completed": 0, "refused": 0}
+        real_fig, virt = (
+            row["real"],
+            row["virtual"] or {"ttft_ms": {}, "completed": 0, "refused": 0},
+        )
         gap = "-" if row["gap"] is None else f"{row['gap']:+.1%}"
         print(
             f"  {cls:<12} {real_fig['ttft_ms']['p50'] or 0:>9.0f} "
@@ -163,8 +166,17 @@ def hour(trace: Path, backends: int) -> float:
     """Wall seconds of the full trace in virtual time (both runs), as `gateway replay` runs it."""
     started = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "gateway", "replay", str(trace), "--load", "0.8",
-         "--backends", str(backends)],  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "replay",
+            str(trace),
+            "--load",
+            "0.8",
+            "--backends",
+            str(backends),
+        ],  # fmt: skip
         cwd=ROOT,
         check=True,
     )

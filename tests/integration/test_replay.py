@@ -20,8 +20,21 @@ TRACE = Path("/work/shared/data/AzureLLMInferenceTrace_conv.csv")
 def test_virtual_and_real_time_agree_on_each_lanes_p99(tmp_path: Path) -> None:
     out = tmp_path / "fidelity.json"
     subprocess.run(
-        [sys.executable, "scripts/bench_replay.py", "--seconds", "8", "--start", "600",
-         "--loads", "0.8", "--backends", "2", "--no-hour", "--json", str(out)],  # fmt: skip
+        [
+            sys.executable,
+            "scripts/bench_replay.py",
+            "--seconds",
+            "8",
+            "--start",
+            "600",
+            "--loads",
+            "0.8",
+            "--backends",
+            "2",
+            "--no-hour",
+            "--json",
+            str(out),
+        ],  # fmt: skip
         cwd=ROOT,
         check=True,
         timeout=110,
