@@ -20,6 +20,7 @@ import msgspec
 from gateway.config import ConfigError, Settings, load_settings
 from gateway.tools.replay.model import capacity_rps, scaled, source_rps, speed_for_load
 from gateway.tools.replay.report import meets, smallest_fleet, summary, table
+from gateway.tools.replay.report_html import render_html
 from gateway.tools.replay.runs import classify, run_direct, run_gateway
 from gateway.tools.replay.sources import Arrival, Source, load_source, time_slice
 from gateway.tools.simulator.config import SimulatorConfig
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sweep: the fewest backends whose CLASS P99 TTFT through the "
                         "gateway is at most this, e.g. interactive=2s")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help='write {"direct": RUN, "gateway": RUN}')
+    parser.add_argument("--html", metavar="FILE", help="write the table as an HTML page")
 
 
 def engine_model(
@@ -154,12 +156,14 @@ def main(args: argparse.Namespace) -> int:
     elif args.speed:
         factor = args.speed
     arrivals = scaled(arrivals, factor)
-    print(describe(config, origin))
-    print(
+    engine_line = describe(config, origin)
+    traffic_line = (
         f"traffic: {len(arrivals)} requests over {arrivals[-1].at_s:.0f} s "
         f"({source_rps(arrivals):.2f}/s, rate x{factor:.3g}); {backends} backends sustain "
         f"{capacity_rps(arrivals, config, backends):.2f}/s of this mix"
     )
+    print(engine_line)
+    print(traffic_line)
     started = time.perf_counter()
     result = replay(arrivals, settings, config)
     print(table(result))
@@ -184,4 +188,7 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+    if args.html:
+        with open(args.html, "w") as f:
+            f.write(render_html(result, engine_line, traffic_line))
     return 0

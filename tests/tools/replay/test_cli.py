@@ -25,7 +25,7 @@ def test_replay_prints_both_runs_and_writes_their_classes(
     out = tmp_path / "replay.json"
     trace = _trace(tmp_path / "t.csv")
     code = main(["replay", str(trace), "--load", "1.2", "--backends", "1", "--slots", "4",
-                 "--target-p99", "interactive=1.5s", "--json", str(out)])  # fmt: skip
+                 "--target-p99", "interactive=1.5s", "--json", str(out), "--html", str(tmp_path / "r.html")])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     assert "engine model: 4 slots (flag)" in printed
@@ -39,6 +39,8 @@ def test_replay_prints_both_runs_and_writes_their_classes(
             assert fig["completed"] + fig["refused"] <= 40
     assert result["direct"]["classes"]["interactive"]["completed"] == 30
     assert isinstance(result["sweep"]["backends"], int)
+    page = (tmp_path / "r.html").read_text()
+    assert page.count("<tr>") == 5 and "Smallest fleet meeting interactive" in page
 
 
 @pytest.mark.parametrize(
