@@ -99,6 +99,11 @@ bench-cache: $(STAMP)
 bench-adapters: $(STAMP)
 	$(PY) scripts/bench_adapters.py $(ARGS)
 
+.PHONY: bench-replay
+## bench-replay: `gateway replay` in virtual time vs the real gateway in real time (per-class P99 TTFT), hour wall time, ~25 min (ARGS=--quick ~4; ARGS="--target-p99 2": sweep check)
+bench-replay: $(STAMP)
+	$(PY) scripts/bench_replay.py $(ARGS)
+
 .PHONY: bench-replicas
 ## bench-replicas: 3 gateway replicas sharing Redis: slots, quota, SIGKILL, Redis outage, lease cost, ~6 min (ARGS=--quick ~3)
 bench-replicas: $(STAMP)

@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze", help="read the gateway's log: is P99 slow in the queue or in the model?"
     )
     analyze.add_arguments(report)
+    from gateway.tools import replay
+
+    replayed = commands.add_parser(
+        "replay", help="replay traffic in virtual time: direct to engines vs through the gateway"
+    )
+    replay.add_arguments(replayed)
     return parser
 
 
@@ -105,10 +111,12 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("simulate", "loadgen", "analyze"):
-        from gateway.tools import analyze, loadgen, simulator
+    if args.command in ("simulate", "loadgen", "analyze", "replay"):
+        from gateway.tools import analyze, loadgen, replay, simulator
 
-        tool = {"simulate": simulator, "loadgen": loadgen, "analyze": analyze}[args.command]
+        tool = {"simulate": simulator, "loadgen": loadgen, "analyze": analyze, "replay": replay}[
+            args.command
+        ]
         return int(tool.main(args))
     try:
         settings = load_settings(

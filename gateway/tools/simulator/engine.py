@@ -210,6 +210,10 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self._step_end = float("-inf")
+        #: When set, each token goes to this callback instead of its sequence's queue: a
+        #: replay in virtual time needs only the first and last token's time, not a task
+        #: switch per token.
+        self.on_token: Callable[[Sequence, TokenEvent], None] | None = None
 
     def now(self) -> float:
         if self._clock is not None:
@@ -461,9 +465,15 @@ class Engine:
             self.running.remove(seq)
             self._cache_reply_blocks(seq)
             self._finish(seq, "completed", now)
-            seq._events.put_nowait(TokenEvent(text, "length"))
+            self._deliver(seq, TokenEvent(text, "length"))
         else:
-            seq._events.put_nowait(TokenEvent(text))
+            self._deliver(seq, TokenEvent(text))
+
+    def _deliver(self, seq: Sequence, event: TokenEvent) -> None:
+        if self.on_token is not None:
+            self.on_token(seq, event)
+        else:
+            seq._events.put_nowait(event)
 
     def _finish(self, seq: Sequence, state: SequenceState, now: float | None = None) -> None:
         seq.state = state
