@@ -28,7 +28,7 @@ import os
 import re
 import sys
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
@@ -158,9 +158,36 @@ class ModelTarget(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     weight: PositiveFloat = 1.0
 
 
+class ModelLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One model's caps where they differ from `[limits]`; an unset key inherits it.
+
+    A small fast model has a smaller context window than the big one next to it, and
+    its users a smaller default output: the caps that are the model's own are here;
+    the policy (`on_max_tokens_over`, `max_n`) stays the gateway's.
+    """
+
+    max_prompt_tokens: Positive | None = None
+    default_max_tokens: Positive | None = None
+    max_output_tokens: Positive | None = None
+    #: The model's context window in tokens; 0: unknown (no check).
+    context_window: Annotated[int, _rule("be >= 0 (0: unknown)", ge=0)] | None = None
+
+    def over(self, limits: LimitsSettings) -> LimitsSettings:
+        """`limits` with the keys set here put in their place."""
+        changes = {
+            name: value
+            for name in self.__struct_fields__
+            if (value := getattr(self, name)) is not None
+        }
+        return replace(limits, **changes) if changes else limits
+
+
 class ModelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A name clients may ask for: an alias of one model (`target`) or of several with
-    weights (`targets`, a gradual switch), and whether TGI's routes (no `model`) go there."""
+    weights (`targets`, a gradual switch), and whether TGI's routes (no `model`) go there.
+
+    An entry with neither target is the settings of a served name itself (its `limits`,
+    `default`): asking for it sends the same name on."""
 
     name: Annotated[str, _rule("be a non-empty name", min_length=1)] = ""
     #: The model the backend receives in the body's `model`. Unset: `name` itself.
@@ -169,6 +196,9 @@ class ModelSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     targets: list[ModelTarget] | None = None
     #: The model of TGI's native routes (`/generate`, `/info`), which carry no model.
     default: bool = False
+    #: Caps for requests asking for this name, over `[limits]` (unset keys inherit it);
+    #: an alias without its own takes its target's entry's.
+    limits: ModelLimits | None = None
 
     def weighted_targets(self) -> list[tuple[str, float]]:
         if self.targets:
@@ -611,8 +641,7 @@ def _message(error: str, data: Any, origins: Origins) -> str:
         return f"{_where(path, data)}: unknown key {unknown['key']!r}"
     if not path:
         return f"the settings: {what}"
-    # An item of a list of strings: name the field, show the whole list.
-    del path[3 if path and path[0] in ARRAYS else 2 :]
+    path = _field_path(path)
     kind = _type_at(path)
     where = _where(path, data)
     origin = origins.get(tuple(path))
@@ -633,13 +662,28 @@ def _where(path: list[str | int], data: Any) -> str:
         return f"[[{section}]]"
     index = int(path[1])
     label = f"#{index + 1}"
-    if section == "lanes" and len(path) > 2 and path[2] != "name":
+    if section in ("lanes", "models") and len(path) > 2 and path[2] != "name":
         name = _value_at(data, [section, index, "name"])
         if isinstance(name, str) and name:
             label = name
     if len(path) == 2:
         return f"[[{section}]] {label}"
-    return f"[[{section}]] {label}." + ".".join(str(p) for p in path[2:])
+    return f"[[{section}]] {label}" + "".join(
+        f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[2:]
+    )
+
+
+def _field_path(path: list[str | int]) -> list[str | int]:
+    """The path of the field an error is in: an item of a list of strings is named by
+    its list (the whole list is shown); an item of an array of tables by its index."""
+    for end, part in enumerate(path):
+        if isinstance(part, int) and end > 0:
+            kind = _unwrap(_type_at(path[:end]))
+            if isinstance(kind, mi.ListType) and not isinstance(
+                _unwrap(kind.item_type), mi.StructType
+            ):
+                return path[:end]
+    return path
 
 
 def _value_at(data: Any, path: list[str | int]) -> Any:
@@ -935,6 +979,42 @@ def _check_models(s: Settings) -> None:
             )
     if len(defaults) > 1:
         raise ConfigError(f"[[models]]: more than one default ({', '.join(defaults)})")
+    _check_model_limits(s)
+
+
+def model_limits(
+    models: Sequence[ModelSettings], limits: LimitsSettings
+) -> dict[tuple[str, str], LimitsSettings]:
+    """The caps of each (name asked, model sent) pair that has caps of its own.
+
+    The entry asked for, over its target's entry (an alias without caps of its own
+    takes its model's), over `[limits]`; a pair not in the map has `[limits]`. Built
+    once at start-up, so a request pays one dict lookup for its caps.
+    """
+    entries = {model.name: model for model in models}
+    table: dict[tuple[str, str], LimitsSettings] = {}
+    for model in models:
+        for target, _ in model.weighted_targets():
+            of_target = entries.get(target) if target != model.name else None
+            layers = [of_target.limits if of_target else None, model.limits]
+            if not any(layers):
+                continue
+            in_force = limits
+            for layer in layers:
+                in_force = layer.over(in_force) if layer else in_force
+            table[(model.name, target)] = in_force
+    return table
+
+
+def _check_model_limits(s: Settings) -> None:
+    """Each model's caps in force obey the rule `[limits]` does, naming the entry."""
+    for (name, target), limits in model_limits(s.models, s.limits).items():
+        if limits.default_max_tokens > limits.max_output_tokens:
+            via = "" if target == name else f", with {target}'s limits"
+            raise ConfigError(
+                f"[[models]] {name}.limits.default_max_tokens: must not exceed "
+                f"max_output_tokens ({limits.default_max_tokens} > {limits.max_output_tokens}{via})"
+            )
 
 
 def consistency_warnings(settings: Settings) -> list[str]:
