@@ -1052,6 +1052,14 @@ def consistency_warnings(settings: Settings) -> list[str]:
             f"the last lane ({last.name}) admits outputs up to {last.max_output_tokens} tokens, "
             f"below [limits].max_output_tokens: larger budgets fit no lane"
         )
+    for (name, _), limits in model_limits(s.models, s.limits).items():
+        for key in ("max_prompt_tokens", "max_output_tokens"):
+            cap, lane_cap = getattr(limits, key), getattr(last, key)
+            if cap != getattr(s.limits, key) and lane_cap is not None and lane_cap < cap:
+                warnings.append(
+                    f"[[models]] {name}.limits.{key} ({cap}) > the last lane's ({last.name}, "
+                    f"{lane_cap}): larger requests for it fit no lane"
+                )
     if s.health.timeout_s >= s.health.interval_s:
         warnings.append("[health].timeout_s >= interval_s: health checks would overlap")
     if s.timeouts.first_token_s >= s.timeouts.total_s:

@@ -14,6 +14,8 @@ from gateway.config import (
     ModelSettings,
     ModelTarget,
     Settings,
+    consistency_warnings,
+    default_lanes,
     load_settings,
     model_limits,
     validate,
@@ -144,3 +146,18 @@ def test_a_bad_value_inside_an_array_of_tables_names_its_item(tmp_path: Path) ->
             'targets = [{ model = "big" }, { model = "small", weight = "x" }]\n',
         )
     assert str(refused.value) == "[[models]] canary.targets[1].weight: expected a number, got 'x'"
+
+
+def test_a_model_cap_above_the_last_lane_s_is_warned() -> None:
+    settings = validate(
+        Settings(
+            backends=[BackendSettings(url="http://127.0.0.1:1", models=["small"])],
+            lanes=[default_lanes()[0]],  # interactive only: prompts up to 1024
+            limits=LimitsSettings(max_prompt_tokens=1000, default_max_tokens=200),
+            models=[ModelSettings(name="small", limits=ModelLimits(max_prompt_tokens=4096))],
+        )
+    )
+    assert (
+        "[[models]] small.limits.max_prompt_tokens (4096) > the last lane's (interactive, "
+        "1024): larger requests for it fit no lane"
+    ) in consistency_warnings(settings)
