@@ -31,7 +31,13 @@ from __future__ import annotations
 
 from gateway.config.backends import DEFAULT_MAX_CONCURRENCY, BackendSettings
 from gateway.config.checks import consistency_warnings
-from gateway.config.constraints import ConfigError
+from gateway.config.constraints import (
+    ConfigError,
+    NonEmpty,
+    NonNegative,
+    Positive,
+    PositiveFloat,
+)
 from gateway.config.environment import CLI_ENV_NAMES, ENV_PREFIX, unrecognized_env_names
 from gateway.config.lanes import LaneSettings, default_lanes, slot_limit
 from gateway.config.limits import LimitsSettings, TokenizerSettings
@@ -63,7 +69,11 @@ __all__ = [
     "ModelLimits",
     "ModelSettings",
     "ModelTarget",
+    "NonEmpty",
+    "NonNegative",
     "Origins",
+    "Positive",
+    "PositiveFloat",
     "RedisSettings",
     "RetrySettings",
     "RoutingSettings",
