@@ -181,12 +181,13 @@ async def sent_max_tokens(http: aiohttp.ClientSession, url: str) -> list[int | N
 async def test_a_model_s_own_caps_apply_to_it_alone(
     start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
 ) -> None:
-    """alpha admits prompts of 40 tokens and defaults to 7 output tokens; beta keeps
-    [limits] (32768 and 256); `chat`, an alias of alpha, inherits alpha's caps."""
-    small = ModelLimits(max_prompt_tokens=40, default_max_tokens=7)
+    """alpha admits prompts of 40 tokens, defaults to 7 output tokens and clamps at 50;
+    beta keeps [limits] (32768, 256, 1024); `chat`, an alias of alpha and the default
+    model (TGI's routes), inherits alpha's caps."""
+    small = ModelLimits(max_prompt_tokens=40, default_max_tokens=7, max_output_tokens=50)
     aliases = [
         ModelSettings(name="alpha", limits=small),
-        ModelSettings(name="chat", target="alpha"),
+        ModelSettings(name="chat", target="alpha", default=True),
     ]
     gateway, alpha, beta = await two_models(start_gateway, start_simulator_at, aliases)
     sdk = client(gateway)
@@ -206,8 +207,17 @@ async def test_a_model_s_own_caps_apply_to_it_alone(
     await sdk.chat.completions.create(model="alpha", messages=short)
     await sdk.chat.completions.create(model="chat", messages=short)
     await sdk.chat.completions.create(model="beta", messages=short)
-    assert await sent_max_tokens(http, alpha) == [7, 7]
-    assert await sent_max_tokens(http, beta) == [4, 256]
+    # Over the output cap: alpha's clamps at its 50, beta's [limits] 1024 lets 100 by.
+    for model, sent in (("alpha", "50"), ("beta", "100")):
+        body = {"model": model, "messages": short, "max_tokens": 100}
+        async with http.post(gateway.url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200
+            assert response.headers["x-gateway-max-tokens"] == sent
+    # TGI's route carries no model: the default entry's caps (chat's, alpha's).
+    async with http.post(gateway.url + "/generate", json={"inputs": "Hi"}) as response:
+        assert response.status == 200
+    assert await sent_max_tokens(http, alpha) == [7, 7, 50, 7]
+    assert await sent_max_tokens(http, beta) == [4, 256, 100]
     lines = gateway.request_lines()
     assert [(line["model"], line["status"], line["max_tokens"]) for line in lines] == [
         ("alpha", 413, None),
@@ -216,6 +226,9 @@ async def test_a_model_s_own_caps_apply_to_it_alone(
         ("alpha", 200, 7),
         ("chat", 200, 7),
         ("beta", 200, 256),
+        ("alpha", 200, 50),
+        ("beta", 200, 100),
+        (None, 200, 7),
     ]
     assert gateway.state.in_flight == 0
 
