@@ -168,7 +168,7 @@ def build_pools(settings: Settings, events: Any) -> ModelRouter:
         health.after_round = sizer.round
         serves = frozenset(members[0].models) if members else frozenset()
         pools.append(ModelPool(name, serves, pool, scheduler, sizer, health))
-    return ModelRouter(pools, settings.models)
+    return ModelRouter(pools, settings.models, limits=settings.limits)
 
 
 def build_fleet(

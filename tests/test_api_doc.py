@@ -19,7 +19,14 @@ import pytest
 
 from gateway.apidoc import render
 from gateway.app import build_app
-from gateway.config import Settings, load_settings
+from gateway.config import (
+    BackendSettings,
+    ModelLimits,
+    ModelSettings,
+    Settings,
+    load_settings,
+    validate,
+)
 from gateway.http.errors import CALLER_ADVICE, ERRORS, REFUSAL_HEADER, RETRY_AFTER_CODES
 from tests.conftest import encoding
 
@@ -302,3 +309,25 @@ def test_docs_api_md_is_what_the_command_makes_for_the_default_config() -> None:
         f"docs/api.md is stale: regenerate it with `{REGENERATE}` "
         "(with no GATEWAY_* variable set) and commit it"
     )
+
+
+def test_models_with_caps_of_their_own_are_listed_under_the_caps() -> None:
+    settings = validate(
+        Settings(
+            backends=[BackendSettings(url="http://127.0.0.1:1", models=["small", "big"])],
+            models=[
+                ModelSettings(
+                    name="small", limits=ModelLimits(max_prompt_tokens=4096, context_window=8192)
+                ),
+                ModelSettings(
+                    name="fast", target="small", limits=ModelLimits(max_output_tokens=300)
+                ),
+            ],
+        )
+    )
+    rows = table_under(render(settings), "## Caps and defaults", "model")
+    assert [tuple(row.values()) for row in rows] == [
+        ("`small`", "4,096", "256", "1,024", "8,192"),
+        ("`fast` (→ `small`)", "4,096", "256", "300", "8,192"),
+    ]
+    assert "caps of their own" not in section(render(Settings()), "## Caps and defaults")

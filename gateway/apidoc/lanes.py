@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gateway.admission.admit import RequestShape, admit
 from gateway.apidoc.markdown import code, count, seconds, table
-from gateway.config import LaneSettings, Settings
+from gateway.config import LaneSettings, Settings, model_limits
 from gateway.http.errors import ERRORS
 from gateway.outcomes import Refusal
 
@@ -218,4 +218,30 @@ def caps_section(settings: Settings) -> list[str]:
         "context window, their largest input); `x-gateway-max-tokens` always shows the "
         "value in force. Long tasks: split or summarize the input rather than raising "
         "`max_tokens` — a long request waits in a slower lane and holds a slot longer.",
+        *_model_caps(settings),
+    ]
+
+
+def _model_caps(settings: Settings) -> list[str]:
+    """The models whose caps differ from the table above (`[[models]] limits`)."""
+    rows = []
+    for (name, target), limits in model_limits(settings.models, settings.limits).items():
+        window = count(limits.context_window) if limits.context_window else "from the backends"
+        rows.append(
+            (
+                code(name) if target == name else f"{code(name)} (→ {code(target)})",
+                count(limits.max_prompt_tokens),
+                count(limits.default_max_tokens),
+                count(limits.max_output_tokens),
+                window,
+            )
+        )
+    if not rows:
+        return []
+    header = ("model", "prompt tokens", "default `max_tokens`", "`max_tokens` per choice")
+    return [
+        "",
+        "These models have caps of their own (the refusals are the same, with their numbers):",
+        "",
+        *table((*header, "context window"), rows),
     ]

@@ -73,6 +73,10 @@ async def debug_backends(request: web.Request) -> web.Response:
                     "default": each is state.pools.default,
                     "backends": [b.name for b in each.pool.backends],
                     "lanes": each.sizer.describe_lanes(),
+                    "limits": {
+                        "max_prompt_tokens": each.sizer.limits_in_force.max_prompt_tokens,
+                        "context_window": each.sizer.limits_in_force.context_window,
+                    },
                 }
                 for each in state.pools.pools
             ],

@@ -341,7 +341,9 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             damped = None if retry is None else note_retry(record, retry)
             if damped is not None:
                 raise damped
-        shape = await dialect.measure(body, state.limits, state.counter)
+        # The model's caps (its [[models]] limits, else [limits]), tightened by its pool.
+        limits = route.pool.sizer.in_force(route.limits)
+        shape = await dialect.measure(body, limits, state.counter)
         record.model = shape.model
         record.stream = shape.stream
         record.prompt_tokens = shape.prompt_tokens
@@ -354,7 +356,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             state.settings,
             client,
             requested_lane,
-            limits=state.limits,
+            limits=limits,
             token_ratio=pool.token_ratio(None),
             cached_tokens=pool.expected_cached_tokens(shape.prefix)
             if state.settings.routing.lane_by_uncached_tokens

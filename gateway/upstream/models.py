@@ -15,6 +15,10 @@ else the catch-all; none of those: `model_not_found`, before any token is
 counted or any slot taken. A body without `model` (TGI's routes have none) goes
 to the default pool: the `[[models]]` entry marked `default`, else the only or
 first pool.
+
+The route also carries the caps of the model asked for: its `[[models]]` entry's
+`limits`, else its target's entry's, over `[limits]` (`config.model_limits`, a map
+built here once; the pool's sizer then tightens them to what its backends accept).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import ModelSettings
+from gateway.config import LimitsSettings, ModelSettings, model_limits
 from gateway.outcomes import ModelNotFound
 from gateway.upstream.pool import BackendPool
 
@@ -65,6 +69,8 @@ class Route:
     pool: ModelPool
     #: The body's `model` for the backend: the alias's target; None: leave the body be.
     target: str | None
+    #: The caps configured for the model asked (`[[models]] limits` over `[limits]`).
+    limits: LimitsSettings
 
 
 class ModelRouter:
@@ -76,22 +82,29 @@ class ModelRouter:
         aliases: Sequence[ModelSettings] = (),
         *,
         pick: Callable[[Sequence[str], Sequence[float]], str] | None = None,
+        limits: LimitsSettings | None = None,
     ) -> None:
         assert pools, "a gateway has at least one pool (the catch-all when none is named)"
         self.pools = list(pools)
         self.aliases = {alias.name: alias.weighted_targets() for alias in aliases}
+        #: `[limits]`, and the caps of each (asked, sent) pair that has its own.
+        self.limits = limits or LimitsSettings()
+        self._limits = model_limits(aliases, self.limits)
+        self._default_limits = self.limits
         self._by_model = {model: p for p in self.pools for model in p.serves}
         self._catch_all = next((p for p in self.pools if p.catch_all), None)
         default = next((a for a in aliases if a.default), None)
         self.default = self.pools[0]
         if default is not None:
-            self.default = self.resolve(default.weighted_targets()[0][0]).pool
+            first = default.weighted_targets()[0][0]
+            self.default = self.resolve(first).pool
+            self._default_limits = self._limits.get((default.name, first), self.limits)
         self._pick = pick or (lambda names, weights: random.choices(names, weights)[0])
 
     def resolve(self, model: str | None) -> Route:
         """The request's route; raises ModelNotFound when no pool serves `model`."""
         if model is None:
-            return Route(self.default, None)
+            return Route(self.default, None, self._default_limits)
         targets = self.aliases.get(model)
         target = model
         if targets is not None:
@@ -107,7 +120,8 @@ class ModelRouter:
                 + ".",
                 param="model",
             )
-        return Route(pool, target if target != model else None)
+        limits = self._limits.get((model, target), self.limits) if self._limits else self.limits
+        return Route(pool, target if target != model else None, limits)
 
     def listed_names(self) -> list[str]:
         """Every name a client may ask for that the config knows: served models, adapters

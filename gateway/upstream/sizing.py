@@ -86,6 +86,8 @@ class BackendSizer:
         self.prompt_sizes = prompt_sizes
         #: The caps in force: the config's, tightened by what the backends accept.
         self.limits_in_force = settings.limits
+        #: The same for the caps of models with their own (`[[models]] limits`).
+        self._in_force: dict[LimitsSettings, LimitsSettings] = {}
         self._known = {backend.name: _Known() for backend in pool.backends}
         self._rounds = 0
         #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
@@ -184,10 +186,23 @@ class BackendSizer:
             max_input_tokens=facts.max_input_tokens,
         )
         self.limits_in_force = self.limits()
+        self._in_force.clear()
 
-    def limits(self) -> LimitsSettings:
-        """The caps in force: the config's, tightened by what the backends accept."""
-        limits = self.settings.limits
+    def in_force(self, configured: LimitsSettings) -> LimitsSettings:
+        """A model's configured caps tightened by what this pool's backends accept
+        (remembered until the backends' facts change: one lookup per request)."""
+        if configured is self.settings.limits:
+            return self.limits_in_force
+        known = self._in_force.get(configured)
+        if known is None:
+            known = self._in_force[configured] = self.limits(configured)
+        return known
+
+    def limits(self, configured: LimitsSettings | None = None) -> LimitsSettings:
+        """The caps in force: the config's (`[limits]`, or one model's), tightened by
+        what the backends accept: their context window where the config sets none, and
+        their input limit where it is lower."""
+        limits = self.settings.limits if configured is None else configured
         facts = [k.facts for k in self._known.values() if k.facts is not None]
         contexts = [f.context_tokens for f in facts if f.context_tokens]
         inputs = [f.max_input_tokens for f in facts if f.max_input_tokens]

@@ -17,7 +17,14 @@ import openai
 import pytest
 from msgspec.structs import replace
 
-from gateway.config import LaneSettings, ModelSettings, ModelTarget, Settings, default_lanes
+from gateway.config import (
+    LaneSettings,
+    ModelLimits,
+    ModelSettings,
+    ModelTarget,
+    Settings,
+    default_lanes,
+)
 from tests.conftest import RunningGateway, StartGateway, StartSimulator
 
 
@@ -164,3 +171,91 @@ async def test_a_weighted_alias_splits_its_requests(
     assert to_beta + (await by_model(http, alpha)).get("alpha", 0) == 80
     assert answers.count("beta") == to_beta
     assert 44 <= to_beta <= 74  # 60 expected; outside this is p < 0.001
+
+
+async def sent_max_tokens(http: aiohttp.ClientSession, url: str) -> list[int | None]:
+    async with http.get(url + "/sim/requests") as response:
+        return [seen["max_tokens"] for seen in (await response.json())["requests"]]
+
+
+async def test_a_model_s_own_caps_apply_to_it_alone(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """alpha admits prompts of 40 tokens, defaults to 7 output tokens and clamps at 50;
+    beta keeps [limits] (32768, 256, 1024); `chat`, an alias of alpha and the default
+    model (TGI's routes), inherits alpha's caps."""
+    small = ModelLimits(max_prompt_tokens=40, default_max_tokens=7, max_output_tokens=50)
+    aliases = [
+        ModelSettings(name="alpha", limits=small),
+        ModelSettings(name="chat", target="alpha", default=True),
+    ]
+    gateway, alpha, beta = await two_models(start_gateway, start_simulator_at, aliases)
+    sdk = client(gateway)
+    prompt = [{"role": "user", "content": "word " * 100}]  # ~100 tokens
+    for model in ("alpha", "chat"):
+        with pytest.raises(openai.APIStatusError) as refused:
+            await sdk.chat.completions.create(model=model, messages=prompt, max_tokens=4)
+        assert refused.value.status_code == 413
+        error = refused.value.body
+        assert isinstance(error, dict) and error["code"] == "prompt_too_long"
+        assert "at most 40" in error["message"]
+    answer = await sdk.chat.completions.create(model="beta", messages=prompt, max_tokens=4)
+    assert answer.model == "beta"
+    assert await by_model(http, alpha) == {}  # the refusals reached no backend
+    # No max_tokens: each backend is sent its model's default.
+    short = [{"role": "user", "content": "Hi"}]
+    await sdk.chat.completions.create(model="alpha", messages=short)
+    await sdk.chat.completions.create(model="chat", messages=short)
+    await sdk.chat.completions.create(model="beta", messages=short)
+    # Over the output cap: alpha's clamps at its 50, beta's [limits] 1024 lets 100 by.
+    for model, sent in (("alpha", "50"), ("beta", "100")):
+        body = {"model": model, "messages": short, "max_tokens": 100}
+        async with http.post(gateway.url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200
+            assert response.headers["x-gateway-max-tokens"] == sent
+    # TGI's route carries no model: the default entry's caps (chat's, alpha's).
+    async with http.post(gateway.url + "/generate", json={"inputs": "Hi"}) as response:
+        assert response.status == 200
+    assert await sent_max_tokens(http, alpha) == [7, 7, 50, 7]
+    assert await sent_max_tokens(http, beta) == [4, 256, 100]
+    lines = gateway.request_lines()
+    assert [(line["model"], line["status"], line["max_tokens"]) for line in lines] == [
+        ("alpha", 413, None),
+        ("chat", 413, None),
+        ("beta", 200, 4),
+        ("alpha", 200, 7),
+        ("chat", 200, 7),
+        ("beta", 200, 256),
+        ("alpha", 200, 50),
+        ("beta", 200, 100),
+        (None, 200, 7),
+    ]
+    assert gateway.state.in_flight == 0
+
+
+async def test_each_pool_fits_its_own_engine_s_context_under_the_model_s_own(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """alpha's engine says its context is 512 tokens, beta's 32768 (the simulator's
+    default); `chat` (beta, with context_window = 300) is capped by its own entry."""
+
+    def fast_sizing(settings: Settings) -> Settings:
+        health = replace(settings.health, interval_s=0.2, timeout_s=0.15)
+        return replace(with_models([["alpha"], ["beta"]], aliases)(settings), health=health)
+
+    aliases = [ModelSettings(name="chat", target="beta", limits=ModelLimits(context_window=300))]
+    alpha = await start_simulator_at(model="alpha", strict_model=True, max_model_len=512)
+    beta = await start_simulator_at(model="beta", strict_model=True)
+    gateway = await start_gateway([alpha, beta], configure=fast_sizing)
+    await asyncio.sleep(0.6)  # a sizing round has read both engines
+    sdk = client(gateway)
+    prompt = [{"role": "user", "content": "word " * 250}]  # ~250 tokens
+    for model, window in (("alpha", 512), ("chat", 300)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.chat.completions.create(model=model, messages=prompt, max_tokens=280)
+        error = refused.value.body
+        assert isinstance(error, dict) and error["code"] == "context_length_exceeded"
+        assert f"context window is {window} tokens" in error["message"]
+    answer = await sdk.chat.completions.create(model="beta", messages=prompt, max_tokens=280)
+    assert answer.model == "beta"
+    assert await by_model(http, alpha) == {} and await by_model(http, beta) == {"beta": 1}

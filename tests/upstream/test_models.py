@@ -9,7 +9,15 @@ from collections.abc import Sequence
 import pytest
 
 from gateway.config import BackendSettings as B
-from gateway.config import ConfigError, ModelSettings, ModelTarget, Settings, validate
+from gateway.config import (
+    ConfigError,
+    LimitsSettings,
+    ModelLimits,
+    ModelSettings,
+    ModelTarget,
+    Settings,
+    validate,
+)
 from gateway.outcomes import ModelNotFound
 from gateway.upstream.models import CATCH_ALL, ModelPool, ModelRouter, pool_key
 from gateway.upstream.pool import Backend, BackendPool
@@ -129,3 +137,20 @@ def test_config_refuses_an_alias_no_backend_serves() -> None:
         settings_with(backends, [ModelSettings(name="llama"), ModelSettings(name="llama")])
     # A catch-all backend serves any name, so any target is fine.
     settings_with([*backends, B(url="http://127.0.0.1:2")], [ModelSettings(name="c", target="x")])
+
+
+def test_a_route_carries_the_caps_of_the_model_asked() -> None:
+    base = LimitsSettings(max_prompt_tokens=8000)
+    small = ModelSettings(name="small", limits=ModelLimits(max_prompt_tokens=4096))
+    fast = ModelSettings(name="fast", target="small", default=True)
+    router = ModelRouter(
+        [model_pool("big", ["big"]), model_pool("small", ["small"])],
+        [small, fast],
+        limits=base,
+    )
+    assert router.resolve("big").limits is base  # no entry: [limits] itself
+    assert router.resolve("small").limits.max_prompt_tokens == 4096
+    assert router.resolve("fast").limits.max_prompt_tokens == 4096  # its target's entry
+    # TGI's routes carry no model: the default entry's caps.
+    assert router.resolve(None).limits.max_prompt_tokens == 4096
+    assert router.resolve(None).pool.name == "small"

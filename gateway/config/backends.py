@@ -1,0 +1,40 @@
+"""[[backends]]: the model servers, their slots, prefill budget and what they serve."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import field
+
+from gateway.config.constraints import Positive, PositiveFloat, rule
+
+#: Slots of a backend whose config does not set them and whose engine does not say.
+DEFAULT_MAX_CONCURRENCY = 8
+
+
+class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    url: Annotated[str, rule("be http(s)://host:port", pattern=r"(?i)^https?://[^/?#\s]+")] = ""
+    name: str = ""
+    #: Relative capacity: balancing divides outstanding tokens by it.
+    weight: PositiveFloat = 1.0
+    #: Requests the gateway lets run at once on this backend (its slots). Unset: what
+    #: the engine reports (llama.cpp /props total_slots, TGI /info
+    #: max_concurrent_requests), else DEFAULT_MAX_CONCURRENCY.
+    max_concurrency: Positive | None = None
+    #: Predicted prefill seconds this backend may have in flight (dispatched, no first
+    #: byte yet), from its learned prefill rate; a bigger prompt goes alone. It bounds
+    #: how long a short request waits behind long prompts. 0: no such budget.
+    prefill_budget_s: Annotated[float, rule("be >= 0 (0: no budget)", ge=0)] = 0.5
+    #: An optional hard cap in prompt tokens on top of the budget in seconds. 0: none.
+    max_prefill_tokens: Annotated[int, rule("be >= 0 (0: no limit)", ge=0)] = 0
+    #: Sent to this backend as `Authorization: Bearer ...` (the client's own never is).
+    api_key: str | None = None
+    #: Put the lane's priority in the body's `priority` (vLLM --scheduling-policy priority).
+    priority_field: bool = False
+    #: The model names it serves. Backends with the same list form one pool (their own
+    #: queues and slots); a request goes only to a pool that serves its `model`. Empty:
+    #: it serves whatever is asked (the catch-all pool, today's single-model behaviour).
+    models: list[Annotated[str, rule("be a non-empty name", min_length=1)]] = field(
+        default_factory=list
+    )
