@@ -100,7 +100,7 @@ bench-adapters: $(STAMP)
 	$(PY) scripts/bench_adapters.py $(ARGS)
 
 .PHONY: bench-replay
-## bench-replay: `gateway replay` in virtual time vs the real gateway in real time (per-class P99 TTFT), hour wall time, ~25 min (ARGS=--quick ~4; ARGS="--target-p99 2": sweep check)
+## bench-replay: `gateway replay` in virtual time vs the real gateway in real time (per-class P99 TTFT), hour wall time, ~35 min (ARGS=--quick ~4; ARGS='--loads "" --target-p99 0.6': the sweep checked in real time, ~15 min)
 bench-replay: $(STAMP)
 	$(PY) scripts/bench_replay.py $(ARGS)
 

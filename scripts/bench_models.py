@@ -7,10 +7,12 @@ default config plus two `[[backends]]` that say what they serve:
 
 1. **Isolation.** Model B's short chat turns at 30% of B's capacity, measured alone
    and while model A's pool gets long requests at 150% of A's capacity (its queues
-   fill, its predicted waits refuse), in alternating phases (alone, loaded, loaded,
-   alone, ...) of `--seconds` each. Figures: B's short P99 TTFT alone and loaded
-   (target: loaded ≤ 1.1x alone), A's outcomes, and requests that reached a backend
-   without its model, counted from the simulators' own `/sim/stats` `by_model`
+   fill, its predicted waits refuse), in alternating phases (alone, shared, control,
+   control, shared, alone) of `--seconds` each. Figures: B's short P99 TTFT alone and
+   loaded (target: loaded ≤ 1.1x alone), and loaded while A's overload goes through a
+   second gateway process that fronts A alone (a control: the same CPU taken, no
+   gateway shared), A's outcomes, and requests that reached a backend without its
+   model, counted from the simulators' own `/sim/stats` `by_model`
    (target: 0).
 2. **An alias moving to a new target.** `[[models]] name = "chat"` with targets
    `alpha` and `beta` weighted 90/10, 50/50, then `beta` alone (a gateway restarted
@@ -171,49 +173,66 @@ def misrouted(alpha: dict[str, int], beta: dict[str, int]) -> int:
     )
 
 
+def _add(into: Tally, tally: Tally) -> None:
+    into.ttft_s += tally.ttft_s
+    for status, n in tally.statuses.items():
+        into.statuses[status] = into.statuses.get(status, 0) + n
+
+
+#: One rep's phases, in an order that spreads drift in the machine over all three kinds.
+PHASES = ["alone", "shared", "control", "control", "shared", "alone"]
+
+
 async def isolation(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """B's shorts alone, with A's overload through the same gateway (`shared`), and with
+    A's overload through a second gateway process of its own (`control`): the same work
+    on the same 2 cores, but no gateway state in common. shared against alone is the
+    issue's target; shared against control is what sharing the door itself costs, apart
+    from the CPU the simulators, the client and two relays take from each other."""
     alpha = await start_simulator(["--model", "alpha", "--strict-model"], name="alpha")
     beta = await start_simulator(["--model", "beta", "--strict-model"], name="beta")
-    gateway = None
+    gateway = control = None
     try:
         gateway = await start_gateway(
             "gateway", gateway_toml(alpha, beta, None), work / "iso.toml", work / "iso.log"
         )
+        alpha_only = f'[[backends]]\nurl = "{alpha.url}"\nname = "alpha"\nmodels = ["alpha"]\n'
+        control = await start_gateway("control", alpha_only, work / "ctl.toml", work / "ctl.log")
         cap_a = await capacity(alpha.url, "alpha", LONG, args.calibrate)
         cap_b = await capacity(beta.url, "beta", SHORT, args.calibrate)
-        alone, loaded, long_tally = Tally(), Tally(), Tally()
-        for rep, phase in enumerate(["alone", "loaded", "loaded", "alone"] * args.reps):
-            if rep >= 2 * args.reps:
-                break
+        tallies = {kind: Tally() for kind in ("alone", "shared", "control")}
+        long_tally = Tally()
+        for rep, phase in enumerate(PHASES * args.reps):
             shorts = open_loop(gateway.url, "beta", SHORT, 0.3 * cap_b, args.seconds, rep)
             if phase == "alone":
                 b = await shorts
-                target = alone
             else:
-                longs = open_loop(gateway.url, "alpha", LONG, 1.5 * cap_a, args.seconds, 100 + rep)
+                door = gateway.url if phase == "shared" else control.url
+                longs = open_loop(door, "alpha", LONG, 1.5 * cap_a, args.seconds, 100 + rep)
                 b, a = await asyncio.gather(shorts, longs)
-                target = loaded
-                long_tally.ttft_s += a.ttft_s
-                for status, n in a.statuses.items():
-                    long_tally.statuses[status] = long_tally.statuses.get(status, 0) + n
-            target.ttft_s += b.ttft_s
-            for status, n in b.statuses.items():
-                target.statuses[status] = target.statuses.get(status, 0) + n
+                _add(long_tally, a)
+            _add(tallies[phase], b)
         counts_a, counts_b = await by_model(alpha.url), await by_model(beta.url)
     finally:
-        if gateway is not None:
-            gateway.stop()
+        for process in (gateway, control):
+            if process is not None:
+                process.stop()
         alpha.stop()
         beta.stop()
-    ratio = None
-    if alone.p99_ms() and loaded.p99_ms():
-        ratio = round(loaded.p99_ms() / alone.p99_ms(), 3)  # type: ignore[operator]
+    p99 = {kind: tally.p99_ms() for kind, tally in tallies.items()}
+
+    def ratio(a: str, b: str) -> float | None:
+        return round(p99[a] / p99[b], 3) if p99[a] and p99[b] else None  # type: ignore[operator]
+
     return {
         "capacity_req_s": {"alpha_long": round(cap_a, 2), "beta_short": round(cap_b, 2)},
-        "beta_short_alone": alone.summary(),
-        "beta_short_with_alpha_at_150": loaded.summary(),
+        "beta_short_alone": tallies["alone"].summary(),
+        "beta_short_with_alpha_at_150": tallies["shared"].summary(),
+        "beta_short_with_alpha_at_150_via_another_gateway": tallies["control"].summary(),
         "alpha_long_at_150": long_tally.summary(),
-        "p99_ratio": ratio,
+        "p99_ratio": ratio("shared", "alone"),
+        "p99_ratio_control": ratio("control", "alone"),
+        "p99_ratio_shared_vs_control": ratio("shared", "control"),
         "received": {"alpha": counts_a, "beta": counts_b},
         "misrouted": misrouted(counts_a, counts_b),
     }
@@ -261,7 +280,12 @@ async def alias_steps(args: argparse.Namespace, work: Path) -> list[dict[str, An
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=15.0, help="each phase (15 s)")
-    parser.add_argument("--reps", type=int, default=2, help="alone/loaded pairs (2)")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=1,
+        help="rounds of alone, shared, control, control, shared, alone (1)",
+    )
     parser.add_argument("--calibrate", type=float, default=6.0, help="capacity runs (6 s)")
     parser.add_argument("--alias-requests", type=int, default=400, help="per alias step (400)")
     parser.add_argument("--json", type=Path, help="write the figures here")
@@ -277,6 +301,10 @@ def main() -> int:
     checks = {
         "B's short P99 loaded <= 1.1x alone": iso["p99_ratio"] is not None
         and iso["p99_ratio"] <= 1.1,
+        "B's short P99 loaded via the shared gateway <= 1.1x via A's own gateway": (
+            iso["p99_ratio_shared_vs_control"] is not None
+            and iso["p99_ratio_shared_vs_control"] <= 1.1
+        ),
         "no request reached a backend without its model": iso["misrouted"] == 0
         and all(step["misrouted"] == 0 for step in result["alias"]),
         "alias split within 5 points of its weights": all(
