@@ -292,9 +292,11 @@ def served_tokens(record: RequestRecord) -> tuple[int, int]:
 
 
 def moved(reassigned: bool, state: GatewayState, grant: Grant) -> bool:
-    """After a retry moved `grant` to another backend: its new slot is leased too."""
-    if reassigned and state.fleet is not None and state.fleet.leases is not None:
-        state.fleet.leases.adopt(grant.slot)
+    """After a retry moved `grant` to another backend: its new slot is leased too (the
+    fleet leases the default pool's slots only, so only those are adopted)."""
+    leases = None if state.fleet is None else state.fleet.leases
+    if reassigned and leases is not None and grant.slot.backend in leases.pool.backends:
+        leases.adopt(grant.slot)
     return reassigned
 
 
