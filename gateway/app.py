@@ -95,7 +95,7 @@ def build_app(
     )
     state.tracer = build_tracer(settings.tracing, events)
     if settings.redis.enabled:
-        state.fleet = build_fleet(settings, pool, scheduler, events, metrics)
+        state.fleet = build_fleet(settings, router, events, metrics)
         # Fleet signals (#11): this replica's queueing published, the fleet's exported.
         FleetSignals(
             state.fleet.store, state.fleet, scheduler, draining=lambda: state.draining
@@ -173,18 +173,25 @@ def build_pools(settings: Settings, events: Any) -> ModelRouter:
 
 def build_fleet(
     settings: Settings,
-    pool: BackendPool,
-    scheduler: Scheduler,
+    router: ModelRouter,
     events: Any,
     metrics: GatewayMetrics,
 ) -> Fleet:
-    """The parts shared with the other replicas through Redis."""
+    """The parts shared with the other replicas through Redis: slot leases per pool
+    (each over its own backends and scheduler; the default pool's under the one-pool
+    key names, so an older one-model replica still shares them)."""
     store = SharedStore(settings.redis, events=events, registry=metrics.registry)
     fleet = Fleet(settings.redis, store)
-    leases = SlotLeases(store, pool, scheduler, share=fleet.local_share)
-    fleet.leases = leases
-    fleet.ticks.append(leases.tick)
-    store.on_up.append(leases.rejoin)
+    for each in router.pools:
+        default = each is router.default
+        leases = SlotLeases(
+            store,
+            each.pool,
+            each.scheduler,
+            share=fleet.local_share,
+            pool_name=None if default else each.name,
+        )
+        fleet.add_leases(each.name, leases, default=default)
     return fleet
 
 

@@ -3,6 +3,10 @@
 Every `[redis] tick_s` (a third of the lease TTL by default): renew this
 replica's leases and refresh the fleet's counts, publish this replica's
 signals and read the others'; while Redis is down, try it again instead.
+
+Slot leases are per pool (one `SlotLeases` per model's pool, #28): a full pool's
+line never holds another pool's slots back. Every pool's leases start, stop, tick,
+fall back to the local share and rejoin together (one store, one Redis).
 """
 
 from __future__ import annotations
@@ -31,21 +35,41 @@ class Fleet:
         self.ticks: list[Tick] = []
         #: Gateway replicas last seen in Redis (this one included); signals keep it.
         self.replicas_seen = 1
-        #: The backends' slots, leased across replicas.
-        self.leases: SlotLeases | None = None
+        #: Each pool's backends' slots, leased across replicas, by pool name.
+        self.leases_by_pool: dict[str, SlotLeases] = {}
+        #: The default pool's name (TGI routes, signals, `leases`).
+        self.default_pool: str | None = None
         self._task: asyncio.Task[None] | None = None
+
+    def add_leases(self, pool: str, leases: SlotLeases, *, default: bool = False) -> None:
+        """Lease `pool`'s slots through the fleet: ticked, rejoined, stopped with it."""
+        self.leases_by_pool[pool] = leases
+        if default:
+            self.default_pool = pool
+        self.ticks.append(leases.tick)
+        self.store.on_up.append(leases.rejoin)
+
+    @property
+    def leases(self) -> SlotLeases | None:
+        """The default pool's leases (None without them)."""
+        return None if self.default_pool is None else self.leases_by_pool.get(self.default_pool)
+
+    def leases_of(self, pool: str) -> SlotLeases | None:
+        """The leases of the pool named `pool` (None: that pool's slots are local)."""
+        return self.leases_by_pool.get(pool)
 
     def local_share(self) -> float:
         """This replica's share of each backend and each quota while Redis is down."""
         return self.settings.replica_share or 1.0 / max(1, self.replicas_seen)
 
     async def start(self) -> None:
-        if self.leases is not None:
-            await self.leases.start()
+        for leases in self.leases_by_pool.values():
+            await leases.start()
         if await self.store.ping():
             await self.tick()
-        elif self.leases is not None:
-            self.leases.go_local()
+        else:
+            for leases in self.leases_by_pool.values():
+                leases.go_local()
         self._task = asyncio.create_task(self._run(), name="fleet-tick")
 
     async def _run(self) -> None:
@@ -65,6 +89,6 @@ class Fleet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.leases is not None:
-            await self.leases.stop()
+        # Together: each waits up to a listener's turn, which would add up pool by pool.
+        await asyncio.gather(*(leases.stop() for leases in self.leases_by_pool.values()))
         await self.store.close()

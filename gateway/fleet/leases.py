@@ -27,6 +27,16 @@ Order across replicas, as one gateway would keep it:
 - Each replica publishes which of its lanes have requests waiting; the others hold
   their lower lanes back meanwhile (no new slot), as one gateway's scheduler does.
 
+Per pool (#28): each model's pool has its own `SlotLeases` over its own backends and
+scheduler. The keys of a backend (its slots, prefill, line) are named by its URL, so
+they are that backend's wherever it is configured. What belongs to a fleet-wide
+line rather than to one backend, the waiting set (which lanes wait on which replica)
+and the channel of releases and grants, is per pool: pool B's waiting interactive
+requests must not hold pool A's bulk lane back, and A's grants are no news to B. The
+default pool keeps the one-pool names (`<prefix>:waiting`, `<prefix>:slots-freed`), so
+during a rolling upgrade an older replica with a one-model config shares its pool with
+the newer ones; every other pool's names end with `:<pool name>`.
+
 Redis down or slow (`SharedStore`): leases are skipped and each backend counts
 for this replica as only its share of the slots (`Fleet.local_share`). When
 Redis answers again, every slot this replica holds is leased again, with or
@@ -80,13 +90,17 @@ class SlotLeases:
         *,
         share: Callable[[], float],
         subscriber: aioredis.Redis | None = None,
+        pool_name: str | None = None,
     ) -> None:
+        """`pool_name`: None for the default pool (the one-pool key names, which older
+        replicas use too), else the pool's name, which ends its fleet-wide keys' names."""
         self.store = store
         self.pool = pool
         self.scheduler = scheduler
         self.share = share
+        self.pool_name = pool_name
         self.ttl_ms = _ms(store.settings.lease_ttl_s)
-        self.channel = store.key("slots-freed")
+        self.channel = self._pool_key("slots-freed")
         self._acquire = store.script(ACQUIRE)
         self._release = store.script(RELEASE)
         self._renew = store.script(RENEW)
@@ -97,7 +111,7 @@ class SlotLeases:
         #: Their names, with the prefill ms each was granted with (in Redis' prefill sum).
         self._prepaid: dict[Backend, dict[str, int]] = {b: {} for b in pool.backends}
         self._waiting = store.script(WAITING)
-        self.waiting_key = store.key("waiting")
+        self.waiting_key = self._pool_key("waiting")
         #: The lanes in priority order, and this replica's lanes with requests waiting.
         self._lanes = [lane.name for lane in scheduler.lanes]
         scheduler.on_waiting = self._queue_changed
@@ -118,6 +132,12 @@ class SlotLeases:
         pool.on_prefill_done = self._prefill_done
         pool.on_give_back = self._given_back
         self._local = False
+
+    def _pool_key(self, name: str) -> str:
+        """A fleet-wide key (or channel) of this pool: the default pool's is unchanged."""
+        if self.pool_name is None:
+            return self.store.key(name)
+        return self.store.key(name, self.pool_name)
 
     def _keys(self, backend: Backend) -> list[str]:
         """The backend's keys, as every script takes them (built once)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -56,13 +58,16 @@ async def debug_backends(request: web.Request) -> web.Response:
     except Refusal as refusal:
         return error_response(refusal)
     limits = state.limits
-    backends = state.sizer.describe()
-    if state.fleet is not None and state.fleet.leases is not None:
-        for described, backend in zip(backends, state.pool.backends, strict=True):
-            described["fleet"] = describe_leases(state.fleet.leases, backend)
-    others = [each for each in state.pools.pools if each.pool is not state.pool]
-    for each in others:
-        backends += each.sizer.describe()
+    backends: list[dict[str, Any]] = []
+    # The default pool's backends first, then the others'; each with its pool's leases.
+    default = state.pools.default
+    for each in [default, *(p for p in state.pools.pools if p is not default)]:
+        described = each.sizer.describe()
+        leases = None if state.fleet is None else state.fleet.leases_of(each.name)
+        if leases is not None:
+            for one, backend in zip(described, each.pool.backends, strict=True):
+                one["fleet"] = describe_leases(leases, backend)
+        backends += described
     return web.json_response(
         {
             "backends": backends,

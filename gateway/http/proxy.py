@@ -22,7 +22,7 @@ from gateway.admission.admit import Admission, RequestShape, admit, calibrated
 from gateway.admission.deadline import DEADLINE_HEADER, client_deadline_s
 from gateway.admission.retries import Fingerprint, Retry, Seen, fingerprint, retried_outcome
 from gateway.dialects.base import Dialect
-from gateway.fleet.leases import leased
+from gateway.fleet.leases import SlotLeases, leased
 from gateway.fleet.quotas import QuotaReservation
 from gateway.http.errors import error_response, refusal_body, status_of
 from gateway.http.keepalive import WAITING, EarlyStream
@@ -291,11 +291,10 @@ def served_tokens(record: RequestRecord) -> tuple[int, int]:
     return max(0, (record.prompt_tokens or 0) - cached), record.completion_tokens or 0
 
 
-def moved(reassigned: bool, state: GatewayState, grant: Grant) -> bool:
-    """After a retry moved `grant` to another backend: its new slot is leased too (the
-    fleet leases the default pool's slots only, so only those are adopted)."""
-    leases = None if state.fleet is None else state.fleet.leases
-    if reassigned and leases is not None and grant.slot.backend in leases.pool.backends:
+def moved(reassigned: bool, leases: SlotLeases | None, grant: Grant) -> bool:
+    """After a retry moved `grant` to another backend of its pool: its new slot is
+    leased too, in that pool's leases."""
+    if reassigned and leases is not None:
         leases.adopt(grant.slot)
     return reassigned
 
@@ -416,9 +415,10 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             )
         finally:
             record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
-        if state.fleet is not None and state.fleet.leases is not None and pool is state.pool:
+        leases = None if state.fleet is None else state.fleet.leases_of(route.pool.name)
+        if leases is not None:
             grant = held = await leased(
-                state.fleet.leases,
+                leases,
                 scheduler,
                 held,
                 record,
@@ -460,7 +460,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             backend=lambda: held.slot.backend,
             plan_for=plan_for,
             move_elsewhere=lambda: moved(
-                scheduler.reassign(held, shape.prompt_tokens, budget.total, hint), state, held
+                scheduler.reassign(held, shape.prompt_tokens, budget.total, hint), leases, held
             ),
         )
         return response if early is None else await settled(early, response, record, dialect)
