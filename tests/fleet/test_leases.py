@@ -311,3 +311,113 @@ async def test_stop_ends_even_when_the_listener_swallows_its_cancellation(
     assert time.monotonic() - started < 3.0
     assert leases._listener is not None and leases._listener.done()
     await replica.store.close()
+
+
+class Pools:
+    """One replica with two model pools ("a", the default, and "b"), each one backend
+    with one slot and the default lanes' order, each its own scheduler and leases, all
+    over this replica's one store (as `app.build_fleet` wires them)."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.events = make_logger(open("/dev/null", "w"))
+        settings = RedisSettings(url=redis_url)
+        self.store = SharedStore(settings, events=self.events, registry=CollectorRegistry())
+        lanes = [LaneSettings(name=n, queue_timeout_s=5.0) for n in ("interactive", "bulk")]
+        self.backends: dict[str, Backend] = {}
+        self.schedulers: dict[str, Scheduler] = {}
+        self.leases: dict[str, SlotLeases] = {}
+        for name in ("a", "b"):
+            backend = Backend(f"{name}0", f"http://{name}.engine.test:8000", max_concurrency=1)
+            pool = BackendPool([backend], clock=time.monotonic)
+            scheduler = Scheduler(lanes, {lane.name: 1 for lane in lanes}, pool)
+            pool.on_available = scheduler.notify_capacity
+            leases = SlotLeases(
+                self.store, pool, scheduler, share=lambda: 0.5,
+                pool_name=None if name == "a" else name,
+            )  # fmt: skip
+            self.store.on_up.append(leases.rejoin)
+            self.backends[name], self.schedulers[name] = backend, scheduler
+            self.leases[name] = leases
+
+    async def start(self) -> None:
+        for leases in self.leases.values():
+            await leases.start()
+
+    async def run(self, pool: str, lane: str) -> Grant:
+        """Wait for a slot of `pool` as the proxy does: the lane's queue, then the lease."""
+        scheduler = self.schedulers[pool]
+        grant = await scheduler.acquire(lane, 100)
+        record = RequestRecord("r", "/", 0.0)
+        return await leased(
+            self.leases[pool], scheduler, grant, record,
+            prompt_tokens=100, output_tokens=0, deadline_s=5.0,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        for leases in self.leases.values():
+            await leases.stop()
+        await self.store.close()
+
+
+@pytest.fixture
+async def two_pool_replicas(redis_server: RedisServer) -> Any:
+    made = [Pools(redis_server.url), Pools(redis_server.url)]
+    for replica in made:
+        await replica.start()
+    await asyncio.sleep(0.1)  # subscribed
+    yield made
+    for replica in made:
+        await replica.close()
+
+
+async def test_each_pool_leases_its_own_backends_slots(
+    two_pool_replicas: list[Pools], redis_server: RedisServer
+) -> None:
+    x, y = two_pool_replicas
+    held = await x.run("a", "interactive")  # a's one slot, over the fleet
+    a_slot = y.leases["a"].pool.try_take("interactive", 100)
+    assert a_slot is not None, "y's own view: a's slot looks free"
+    assert not await y.leases["a"].take(a_slot), "x holds a's one slot in Redis"
+    y.leases["a"].pool.give_back(a_slot)
+    assert y.backends["a"].others_in_flight == 1
+    b_grant = await asyncio.wait_for(y.run("b", "interactive"), 1)  # b's slot is b's own
+    assert y.backends["b"].others_in_flight == 0
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        for name in ("a", "b"):
+            assert await client.zcard(f"llmgw:slots:{x.backends[name].url}") == 1
+        # The channels: the default pool's keeps the one-pool name, b's has its own.
+        assert x.leases["a"].channel == "llmgw:slots-freed"
+        assert x.leases["b"].channel == "llmgw:slots-freed:b"
+    finally:
+        await client.aclose()
+    x.schedulers["a"].release(held)
+    y.schedulers["b"].release(b_grant)
+
+
+async def test_one_pools_waiting_line_does_not_hold_another_pools_slots_back(
+    two_pool_replicas: list[Pools], redis_server: RedisServer
+) -> None:
+    """y's interactive request waits for b's slot: x holds its bulk lane back in pool b
+    (one gateway would), but never in pool a, whose slots nobody of b's line can use."""
+    x, y = two_pool_replicas
+    b_running = await x.run("b", "bulk")  # x's bulk holds b's one slot
+    y_short = asyncio.ensure_future(y.run("b", "interactive"))  # refused: b's line
+    await eventually(lambda: x.schedulers["b"].lane("bulk").held_back, within_s=2)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        waiting_b = await client.zrange("llmgw:waiting:b", 0, -1)
+        assert waiting_b == [f"0|{y.store.replica_id}".encode()], "y's interactive, in b's"
+        assert await client.zrange("llmgw:waiting", 0, -1) == [], "nothing waits in a's"
+    finally:
+        await client.aclose()
+    # Pool a: x's bulk requests take a's slot one after the other while b's line waits.
+    first = await asyncio.wait_for(x.run("a", "bulk"), 1)
+    second = asyncio.ensure_future(x.run("a", "bulk"))
+    await asyncio.sleep(0.2)
+    assert not x.schedulers["a"].lane("bulk").held_back
+    x.schedulers["a"].release(first)  # a's release goes to a's next, b's line aside
+    x.schedulers["a"].release(await asyncio.wait_for(second, 2))
+    assert not y_short.done(), "b's slot is still x's bulk's"
+    x.schedulers["b"].release(b_running)  # now b's line is served: y's short request
+    y.schedulers["b"].release(await asyncio.wait_for(y_short, 2))
