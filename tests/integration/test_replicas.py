@@ -5,12 +5,14 @@ gateway processes share a real `redis-server` and one simulator. The
 simulator's own peak count of requests held at once is the witness: with
 leases it never goes over the backend's `max_concurrency`, without them it
 does. Redis stopped mid-run costs no request; a replica killed with SIGKILL
-gives its slots back within the lease TTL.
+gives its slots back within the lease TTL. With two models, each model's pool
+leases its own backend's slots (two processes, two simulators).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -158,11 +160,12 @@ async def test_redis_stopped_mid_run_costs_no_request(
     assert (await sim_stats(http, backend))["in_flight_peak"] <= SLOTS
 
 
-def gateway_process(config: Path, port: int) -> subprocess.Popen[bytes]:
+def gateway_process(config: Path, port: int, stdout: Any = subprocess.DEVNULL) -> Any:
+    """A gateway process (`stdout`: where its request log lines go)."""
     return subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", str(port)],
         cwd=ROOT,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -222,3 +225,116 @@ lease_ttl_s = 1.5
             process.kill()
             process.wait(timeout=5)
         await client.aclose()
+
+
+async def chat_stream(
+    http: aiohttp.ClientSession, url: str, model: str, max_tokens: int
+) -> tuple[int, float]:
+    """One streamed chat for `model`: its status and how long it took (s)."""
+    started = time.monotonic()
+    body = {**chat("Tell me a story.", stream=True, max_tokens=max_tokens), "model": model}
+    async with http.post(url + ROUTE, json=body) as response:
+        await response.read()
+        return response.status, time.monotonic() - started
+
+
+async def test_each_models_pool_holds_its_slots_across_gateway_processes(
+    redis_server: RedisServer,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+) -> None:
+    """Two gateway processes, one Redis, two models (alpha the default pool, beta not):
+    beta's engine never runs more than its slots across both replicas, and alpha full
+    (long answers, a line behind them) does not delay beta's short request."""
+    alpha = await start_simulator_at(model="alpha", strict_model=True, decode_ms_per_seq=20.0)
+    beta = await start_simulator_at(model="beta", strict_model=True, step_base_ms=20.0)
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f"""
+[[backends]]
+url = "{alpha}"
+models = ["alpha"]
+max_concurrency = {SLOTS}
+
+[[backends]]
+url = "{beta}"
+models = ["beta"]
+max_concurrency = {SLOTS}
+
+[health]
+probe_on_start = false
+interval_s = 60
+
+[redis]
+url = "{redis_server.url}"
+"""
+    )
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / f"replica{i}.log" for i in range(2)]
+    processes = []
+    for port, log in zip(ports, logs, strict=True):
+        with log.open("wb") as out:  # the request log lines
+            processes.append(gateway_process(config, port, stdout=out))
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    longs: list[asyncio.Future[tuple[int, float]]] = []
+    try:
+        for url in urls:
+            await wait_ready(http, url, timeout_s=30)
+        # beta, the non-default pool: a burst over both replicas, each of which alone
+        # would fill both slots (the control above: 2 x SLOTS without shared leases).
+        beta_burst = await asyncio.gather(
+            *(chat_stream(http, urls[i % 2], "beta", 10) for i in range(10))
+        )
+        assert [status for status, _ in beta_burst] == [200] * 10
+        stats = await sim_stats(http, beta)
+        assert stats["completed"] == 10
+        assert stats["in_flight_peak"] <= SLOTS, stats
+        # alpha full: long answers on both slots and a line behind them, from both replicas.
+        longs = [
+            asyncio.ensure_future(chat_stream(http, urls[i % 2], "alpha", 100)) for i in range(6)
+        ]
+
+        async def alpha_full() -> bool:
+            return bool((await sim_stats(http, alpha))["in_flight"] == SLOTS)
+
+        await eventually(alpha_full, within_s=10)
+        await asyncio.sleep(0.3)  # the rest are queued in the replicas
+        for url in urls:
+            status, took = await chat_stream(http, url, "beta", 2)
+            assert status == 200
+            assert took < 1.5, f"beta waited {took:.2f} s behind alpha's line"
+        finished = await asyncio.gather(*longs)
+        assert any(took > 3.0 for _, took in finished), "alpha was never full"
+        assert (await sim_stats(http, alpha))["in_flight_peak"] <= SLOTS
+        # /debug/backends: each pool's backends with their fleet part (in Redis).
+        async with http.get(urls[0] + "/debug/backends") as response:
+            described = {b["url"]: b for b in (await response.json())["backends"]}
+        for backend in (alpha, beta):
+            assert described[backend]["fleet"]["shared_state"] == "redis", described[backend]
+        client = aioredis.Redis.from_url(redis_server.url)
+        try:
+
+            async def all_given_back() -> bool:
+                counts = [await client.zcard(f"llmgw:slots:{b}") for b in (alpha, beta)]
+                return counts == [0, 0]
+
+            await eventually(all_given_back, within_s=5)
+        finally:
+            await client.aclose()
+    finally:
+        for future in longs:
+            future.cancel()
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+    lines = [json.loads(line) for log in logs for line in log.read_text().splitlines()]
+    beta_lines = [x for x in lines if x.get("event") == "request" and x.get("pool") == "beta"]
+    assert len(beta_lines) == 12, "every beta request logged"
+    assert all(line["lease_ms"] is not None for line in beta_lines), "leased in Redis"
