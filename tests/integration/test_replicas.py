@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from msgspec.structs import replace
 
 from gateway.config import RedisSettings, Settings
+from gateway.tools.simulator import SimulatorConfig, start_simulator
 from tests.conftest import (
     RunningGateway,
     StartGateway,
@@ -338,3 +339,43 @@ url = "{redis_server.url}"
     beta_lines = [x for x in lines if x.get("event") == "request" and x.get("pool") == "beta"]
     assert len(beta_lines) == 12, "every beta request logged"
     assert all(line["lease_ms"] is not None for line in beta_lines), "leased in Redis"
+
+
+async def test_a_retry_moved_within_a_non_default_pool_is_leased_there(
+    redis_server: RedisServer,
+    start_gateway: StartGateway,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+) -> None:
+    """beta's first backend dies while idle: the request moves to beta's other backend
+    before any byte, and that slot is leased in Redis while it runs (beta's leases)."""
+    alpha = await start_simulator_at(model="alpha")
+    runner, port = await start_simulator(SimulatorConfig(model="beta"))
+    dead = f"http://127.0.0.1:{port}"
+    live = await start_simulator_at(model="beta", decode_ms_per_seq=20.0)
+    served = [["alpha"], ["beta"], ["beta"]]
+
+    def configure(settings: Settings) -> Settings:
+        backends = [replace(b, models=m) for b, m in zip(settings.backends, served, strict=True)]
+        return replace(shared(redis_server.url)(settings), backends=backends)
+
+    gateway = await start_gateway([alpha, dead, live], max_concurrency=SLOTS, configure=configure)
+    await runner.cleanup()  # the gateway still thinks it is fine
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        body = {**chat("Tell me a story.", stream=True, max_tokens=100), "model": "beta"}
+        async with http.post(gateway.url + ROUTE, json=body) as response:
+            assert response.status == 200
+            await response.content.readline()  # the first event: it runs on `live` now
+            assert await client.zcard(f"llmgw:slots:{live}") == 1, "the moved slot is leased"
+            await response.read()
+        (line,) = gateway.request_lines()
+        assert line["attempts"] == 2 and line["backend"] == "b2" and line["outcome"] == "ok"
+
+        async def given_back() -> bool:
+            return bool(await client.zcard(f"llmgw:slots:{live}") == 0)
+
+        await eventually(given_back, within_s=5)
+        assert gateway.state.in_flight == 0
+    finally:
+        await client.aclose()
