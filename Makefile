@@ -121,3 +121,8 @@ clean:
 ## bench-models: two models on two simulators: B's short P99 alone vs with A's pool at 150%, misrouted requests, an alias moving 10% → 50% → 100%, ~3 min
 bench-models: $(STAMP)
 	$(PY) scripts/bench_models.py $(ARGS)
+
+.PHONY: bench-pool-leases
+## bench-pool-leases: 2 replicas, 1 Redis, 2 models: each engine's own peak vs its slots, this tree vs 51c7045 (before per-pool leases), ~1.5 min (ARGS='--seconds 5 --reps 1' ~40 s)
+bench-pool-leases: $(STAMP)
+	$(PY) scripts/bench_pool_leases.py $(ARGS)
