@@ -42,8 +42,11 @@ from gateway.upstream.relay import UpstreamClient
 from gateway.upstream.shadow import ShadowMirror
 from gateway.upstream.sizing import BackendSizer
 
-#: Longest /readyz waits for the start-up probe of the backends.
-WARM_UP_READY_S = 20.0
+#: Longest /readyz waits for the start-up probe of the backends. On a CPU engine one
+#: 1024-token probe takes ~9 s and the probe sends three: ready before it ends, the
+#: first requests met the priors' deadlines (a short one timed out at 5 s behind a
+#: 15-s prefill the gateway did not know of yet).
+WARM_UP_READY_S = 60.0
 
 
 def build_app(
