@@ -47,9 +47,11 @@ def free_port() -> int:
 
 
 async def wait_ready(
-    url: str, path: str, timeout_s: float = 30, check: Callable[[], None] | None = None
+    url: str, path: str, timeout_s: float = 90, check: Callable[[], None] | None = None
 ) -> None:
-    """Poll `url + path` until it answers 200; `check` may raise when a child died."""
+    """Poll `url + path` until it answers 200; `check` may raise when a child died. The
+    default leaves room for a gateway's /readyz, which waits up to 60 s for its start-up
+    probe of a slow (CPU) engine."""
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
