@@ -36,7 +36,6 @@ import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,37 +44,12 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import Process, start_gateway, start_simulator  # noqa: E402
-
-from gateway.tools.stats import percentile  # noqa: E402
+from benchlib import Process, Tally, start_gateway, start_simulator, stream_chat  # noqa: E402
 
 SHORT = {"words": 40, "max_tokens": 32}
 LONG = {"words": 1400, "max_tokens": 128}
 #: The simulator's slots (its default batch); the calibration runs twice that many.
 SLOTS = 8
-
-
-@dataclass
-class Tally:
-    ttft_s: list[float] = field(default_factory=list)
-    statuses: dict[int, int] = field(default_factory=dict)
-
-    def note(self, status: int, ttft: float | None) -> None:
-        self.statuses[status] = self.statuses.get(status, 0) + 1
-        if status == 200 and ttft is not None:
-            self.ttft_s.append(ttft)
-
-    def p99_ms(self) -> float | None:
-        value = percentile(self.ttft_s, 99)
-        return None if value is None else round(value * 1000.0, 1)
-
-    def summary(self) -> dict[str, Any]:
-        p50 = percentile(self.ttft_s, 50)
-        return {
-            "statuses": dict(sorted(self.statuses.items())),
-            "ttft_p50_ms": None if p50 is None else round(p50 * 1000.0, 1),
-            "ttft_p99_ms": self.p99_ms(),
-        }
 
 
 def gateway_toml(alpha: Process, beta: Process, alias: list[tuple[str, float]] | None) -> str:
@@ -89,27 +63,6 @@ def gateway_toml(alpha: Process, beta: Process, alias: list[tuple[str, float]] |
     return "\n".join(lines)
 
 
-async def one_request(
-    session: aiohttp.ClientSession, url: str, model: str, kind: dict[str, int], tally: Tally
-) -> None:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": f"{random.random()} " + "word " * kind["words"]}],
-        "max_tokens": kind["max_tokens"],
-        "stream": True,
-    }
-    start = time.monotonic()
-    first = None
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            async for line in resp.content:
-                if first is None and line.startswith(b"data: {"):
-                    first = time.monotonic() - start
-            tally.note(resp.status, first)
-    except (aiohttp.ClientError, TimeoutError):
-        tally.note(0, None)
-
-
 async def open_loop(
     url: str, model: str, kind: dict[str, int], rate: float, seconds: float, seed: int
 ) -> Tally:
@@ -121,7 +74,7 @@ async def open_loop(
             delay = start + at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one_request(session, url, model, kind, tally)))
+            tasks.append(asyncio.create_task(stream_chat(session, url, model, kind, tally)))
             at += rng.expovariate(rate)
         await asyncio.gather(*tasks)
     return tally
@@ -136,7 +89,7 @@ async def capacity(url: str, model: str, kind: dict[str, int], seconds: float) -
             nonlocal done
             while time.monotonic() < stop_at:
                 tally = Tally()
-                await one_request(session, url, model, kind, tally)
+                await stream_chat(session, url, model, kind, tally)
                 done += tally.statuses.get(200, 0)
 
         start = time.monotonic()
@@ -151,7 +104,7 @@ async def closed_loop(url: str, model: str, requests: int, concurrency: int = 8)
 
         async def send() -> None:
             async with limit:
-                await one_request(session, url, model, SHORT, tally)
+                await stream_chat(session, url, model, SHORT, tally)
 
         await asyncio.gather(*(send() for _ in range(requests)))
     return tally
@@ -219,7 +172,7 @@ async def isolation(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 process.stop()
         alpha.stop()
         beta.stop()
-    p99 = {kind: tally.p99_ms() for kind, tally in tallies.items()}
+    p99 = {kind: tally.ms(99) for kind, tally in tallies.items()}
 
     def ratio(a: str, b: str) -> float | None:
         return round(p99[a] / p99[b], 3) if p99[a] and p99[b] else None  # type: ignore[operator]

@@ -26,11 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,15 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import ROOT, Process, checkout, start_gateway, start_simulator  # noqa: E402
+from benchlib import (  # noqa: E402
+    ROOT,
+    Process,
+    Tally,
+    checkout,
+    start_gateway,
+    start_simulator,
+    stream_chat,
+)
 from replica_fleet import Children, peaks, redis_binary, reset_peaks, wait_sims_idle  # noqa: E402
 
 from gateway.tools.stats import percentile  # noqa: E402
@@ -51,43 +57,6 @@ LONG = {"words": 200, "max_tokens": 96}
 SHORT = {"words": 30, "max_tokens": 16}
 
 
-@dataclass
-class Tally:
-    ttft_s: list[float] = field(default_factory=list)
-    statuses: dict[int, int] = field(default_factory=dict)
-
-    def note(self, status: int, ttft: float | None) -> None:
-        self.statuses[status] = self.statuses.get(status, 0) + 1
-        if status == 200 and ttft is not None:
-            self.ttft_s.append(ttft)
-
-    def ms(self, q: float) -> float | None:
-        value = percentile(self.ttft_s, q)
-        return None if value is None else round(value * 1000.0, 1)
-
-
-async def one_request(
-    session: aiohttp.ClientSession, url: str, model: str, kind: dict[str, int], tally: Tally
-) -> int:
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": f"{random.random()} " + "word " * kind["words"]}],
-        "max_tokens": kind["max_tokens"],
-        "stream": True,
-    }
-    start, first = time.monotonic(), None
-    try:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            async for line in resp.content:
-                if first is None and line.startswith(b"data: {"):
-                    first = time.monotonic() - start
-            tally.note(resp.status, first)
-            return resp.status
-    except (aiohttp.ClientError, TimeoutError):
-        tally.note(0, None)
-        return 0
-
-
 async def closed_loops(
     replicas: list[Process], model: str, kind: dict[str, int], seconds: float
 ) -> Tally:
@@ -97,7 +66,7 @@ async def closed_loops(
 
         async def client(url: str) -> None:
             while time.monotonic() < stop_at:
-                if await one_request(session, url, model, kind, tally) != 200:
+                if await stream_chat(session, url, model, kind, tally) != 200:
                     await asyncio.sleep(0.05)  # refused at once: do not spin
 
         await asyncio.gather(*(client(r.url) for r in replicas for _ in range(2 * SLOTS)))

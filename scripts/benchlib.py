@@ -11,13 +11,14 @@ import asyncio
 import io
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,54 @@ async def start_gateway(
         process.stop()
         raise
     return process
+
+
+@dataclass
+class Tally:
+    """Statuses and first-token times of a benchmark's streamed requests."""
+
+    ttft_s: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+
+    def note(self, status: int, ttft: float | None) -> None:
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if status == 200 and ttft is not None:
+            self.ttft_s.append(ttft)
+
+    def ms(self, q: float) -> float | None:
+        """The `q`th percentile TTFT in ms (None before any answer)."""
+        from gateway.tools.stats import percentile  # benchlib loads none of the gateway
+
+        value = percentile(self.ttft_s, q)
+        return None if value is None else round(value * 1000.0, 1)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "statuses": dict(sorted(self.statuses.items())),
+            "ttft_p50_ms": self.ms(50),
+            "ttft_p99_ms": self.ms(99),
+        }
+
+
+async def stream_chat(
+    session: aiohttp.ClientSession, url: str, model: str, kind: dict[str, int], tally: Tally
+) -> int:
+    """One streamed chat of `kind["words"]` words (a unique opening, so no prompt cache
+    flatters it) and `kind["max_tokens"]`; its status (0: no answer) and TTFT into `tally`."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"{random.random()} " + "word " * kind["words"]}],
+        "max_tokens": kind["max_tokens"],
+        "stream": True,
+    }
+    start, first = time.monotonic(), None
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body) as resp:
+            async for line in resp.content:
+                if first is None and line.startswith(b"data: {"):
+                    first = time.monotonic() - start
+            tally.note(resp.status, first)
+            return resp.status
+    except (aiohttp.ClientError, TimeoutError):
+        tally.note(0, None)
+        return 0
