@@ -236,7 +236,10 @@ class Scheduler:
         #: The one clock of every estimate (waits, hold times, promotion ages). Only the
         #: queue timeout and the end of a deferral are loop timers: they must fire.
         self._now = clock
-        self._deferral_timer: asyncio.TimerHandle | None = None
+        #: The pending look at the queues and when it is due (kept here: uvloop answers a
+        #: call_at under a millisecond with a plain Handle, which has no `when()`).
+        self._deferral_timer: asyncio.Handle | None = None
+        self._deferral_at = 0.0
         #: Told when a lane's queue fills (True) or empties (False): with [redis], the
         #: other replicas hold their lower lanes back meanwhile.
         self.on_waiting: Callable[[str, bool], None] | None = None
@@ -809,11 +812,11 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         when = loop.time() + max(0.001, seconds)
         timer = self._deferral_timer
-        if timer is not None and not timer.cancelled() and timer.when() <= when:
+        if timer is not None and not timer.cancelled() and self._deferral_at <= when:
             return
         if timer is not None:
             timer.cancel()
-        self._deferral_timer = loop.call_at(when, self._deferral_ended)
+        self._deferral_timer, self._deferral_at = loop.call_at(when, self._deferral_ended), when
 
     def _deferral_ended(self) -> None:
         self._deferral_timer = None
