@@ -26,6 +26,7 @@ from gateway.config import (
     Settings,
     consistency_warnings,
     load_settings,
+    unrecognized_env_names,
     validate,
 )
 
@@ -248,6 +249,49 @@ def test_env_backend_by_index() -> None:
     }
     settings = load_settings(env=env)
     assert [b.max_concurrency for b in settings.backends] == [3, None]
+
+
+MODELS_TOML = """
+[[backends]]
+url = "http://a.local:8000"
+models = ["big", "small"]
+
+[[models]]
+name = "chat"
+target = "big"
+"""
+
+
+def test_env_models_entry_by_index_and_its_limits(tmp_path: Path) -> None:
+    env = {
+        "GATEWAY_MODELS_0_TARGET": "small",
+        "GATEWAY_MODELS_0_DEFAULT": "yes",
+        "GATEWAY_MODELS_0_LIMITS_MAX_PROMPT_TOKENS": "2048",
+    }
+    settings = load_settings(write_toml(tmp_path, MODELS_TOML), env=env)
+    (chat,) = settings.models
+    assert (chat.name, chat.target, chat.default) == ("chat", "small", True)
+    assert chat.limits is not None and chat.limits.max_prompt_tokens == 2048
+    assert unrecognized_env_names(env) == []
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"GATEWAY_MODELS_1_TARGET": "small"}, ["GATEWAY_MODELS_1_TARGET", "existing entry"]),
+        ({"GATEWAY_MODELS_0_LIMITS_MAX_PROMPT_TOKENS": "lots"}, ["chat.limits", "integer"]),
+        ({"GATEWAY_MODELS_0_LIMITS_MAX_PROMPT_TOKENS": "0"}, ["chat.limits", "> 0"]),
+        ({"GATEWAY_MODELS_0_LIMITS_NOPE": "1"}, ["GATEWAY_MODELS_0_LIMITS_NOPE", "'nope'"]),
+        ({"GATEWAY_MODELS_0_TARGET": "tiny"}, ["no backend serves tiny"]),
+    ],
+    ids=["index-past-the-end", "not-an-int", "zero", "unknown-key", "unserved-target"],
+)
+def test_env_models_errors_name_the_variable_or_key(
+    tmp_path: Path, env: dict[str, str], words: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_settings(write_toml(tmp_path, MODELS_TOML), env=env)
+    assert all(word in str(error.value) for word in words), str(error.value)
 
 
 def test_env_wins_over_the_file(tmp_path: Path) -> None:

@@ -14,7 +14,9 @@ across fields (`validate`). To change settings, build new ones (`msgspec.structs
 Environment names: `GATEWAY_<SECTION>_<KEY>` for tables (`GATEWAY_LIMITS_MAX_OUTPUT_TOKENS`),
 `GATEWAY_LANES_<LANE>_<KEY>` for a lane by name (`GATEWAY_LANES_BULK_QUEUE_TIMEOUT_S`),
 `GATEWAY_BACKENDS_<INDEX>_<KEY>` for a backend by position, `GATEWAY_API_KEYS_<INDEX>_<KEY>`
-for a client key by position, and `GATEWAY_BACKENDS` for a comma-separated list of URLs
+for a client key by position, `GATEWAY_MODELS_<INDEX>_<KEY>` for a [[models]] entry by
+position (and `GATEWAY_MODELS_<INDEX>_LIMITS_<KEY>` for its caps), and `GATEWAY_BACKENDS`
+for a comma-separated list of URLs
 that replaces the configured backends. Their text is parsed by the field's type: numbers as
 Python reads them, booleans as 1/true/yes/on or 0/false/no/off, lists as comma-separated
 items, and `none` (or nothing) clears an optional key.

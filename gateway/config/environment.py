@@ -38,12 +38,15 @@ def apply_env(data: dict[str, Any], env: Mapping[str, str], origins: Origins) ->
             _apply_env_indexed(data, "backends", rest[len("backends_") :], text, name, origins)
         elif rest.startswith("api_keys_"):
             _apply_env_indexed(data, "api_keys", rest[len("api_keys_") :], text, name, origins)
+        elif rest.startswith("models_"):
+            _apply_env_indexed(data, "models", rest[len("models_") :], text, name, origins)
         # Other GATEWAY_* names (the CLI's own, e.g. GATEWAY_CONFIG) are not settings.
 
 
 def unrecognized_env_names(env: Mapping[str, str]) -> list[str]:
     """GATEWAY_* variables that configure nothing (typos, or another tool's)."""
-    prefixes = [section + "_" for section in TABLES] + ["lanes_", "backends_", "api_keys_"]
+    prefixes = [section + "_" for section in TABLES]
+    prefixes += ["lanes_", "backends_", "api_keys_", "models_"]
     unknown = []
     for name in env:
         if not name.startswith(ENV_PREFIX) or name in CLI_ENV_NAMES:
@@ -74,11 +77,39 @@ def _apply_env_lane(
 def _apply_env_indexed(
     data: dict[str, Any], array: str, rest: str, text: str, name: str, origins: Origins
 ) -> None:
-    """GATEWAY_<ARRAY>_<INDEX>_<KEY> sets a key of an existing entry."""
+    """GATEWAY_<ARRAY>_<INDEX>_<KEY> sets a key of an existing entry, and
+    GATEWAY_<ARRAY>_<INDEX>_<TABLE>_<KEY> a key of one of its tables
+    (GATEWAY_MODELS_0_LIMITS_MAX_PROMPT_TOKENS)."""
     index_text, _, key = rest.partition("_")
-    if not index_text.isdigit() or int(index_text) >= len(data[array]):
+    if not index_text.isdigit() or int(index_text) >= len(data.get(array) or []):
         raise ConfigError(f"{name}: expected <index>_<key> with an index of an existing entry")
-    _set_from_env(data, (array, int(index_text)), key, text, name, origins)
+    entry: tuple[str | int, ...] = (array, int(index_text))
+    table = _sub_table(entry, key)
+    if table is not None:
+        owner = data[array][int(index_text)]
+        if owner.get(table) is None:  # unset in the file: the table starts empty
+            owner[table] = {}
+        entry, key = (*entry, table), key[len(table) + 1 :]
+    _set_from_env(data, entry, key, text, name, origins)
+
+
+def _sub_table(entry: KeyPath, key: str) -> str | None:
+    """The table of the entry at `entry` that `key` names a key of ("limits" for
+    "limits_max_prompt_tokens"), if `key` is not one of the entry's own keys."""
+    if type_at([*entry, key]) is not None:
+        return None
+    for field in mi_fields(type_at(list(entry))):
+        if key.startswith(field + "_") and isinstance(
+            unwrap(type_at([*entry, field])), mi.StructType
+        ):
+            return field
+    return None
+
+
+def mi_fields(kind: mi.Type | None) -> list[str]:
+    """The field names of a struct type (none for anything else)."""
+    base = unwrap(kind) if kind is not None else None
+    return [f.name for f in base.fields] if isinstance(base, mi.StructType) else []
 
 
 def _set_from_env(
