@@ -9,15 +9,9 @@ below it may hold only the slots its demand leaves:
 
 - its demand is its recent arrival rate times how long its requests hold a slot
   (both measured), in slots: the Erlangs of queueing theory;
-- the slots it needs are the fewest with which an arrival would wait for one longer
-  than its lane's slack at most `WAIT_PROBABILITY` of the time (Erlang C: Poisson
-  arrivals, which a lane's many independent clients are), so a burst finds a free
-  slot soon enough. The slack is `SLACK_SHARE` of the lane's engine floor: the
-  promise is a P99 within 1.3x the floor, so a wait for a slot up to 0.3x of it
-  keeps it. Without the slack (floor unknown) an arrival may not wait at all. The
-  slack matters where slots turn over fast (a GPU, short holds against a long
-  prefill: a wait for a slot is short even when all are busy), and so leaves the
-  lower lane the slots a zero-wait sizing would keep idle for the higher one;
+- the slots it needs are the fewest with which an arrival would find all of them
+  busy at most `WAIT_PROBABILITY` of the time (Erlang C: Poisson arrivals, which a
+  lane's many independent clients are), so a burst finds a free slot;
 - a lane with no arrival for `QUIET_S` needs nothing: the lower lanes may use every
   slot again.
 
@@ -29,13 +23,10 @@ Pure arithmetic over timestamps the caller passes in.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 #: An arrival finds every slot of its lane's headroom busy at most this often.
 WAIT_PROBABILITY = 0.1
-#: The wait for a slot a higher lane tolerates, as a share of its engine floor.
-SLACK_SHARE = 0.3
 #: A lane with no arrival for this long is quiet: it needs no headroom.
 QUIET_S = 10.0
 #: Recent arrivals per lane from which its rate is measured...
@@ -56,28 +47,16 @@ def erlang_c(servers: int, load: float) -> float:
     return servers * blocked / (servers - load * (1.0 - blocked))
 
 
-def slots_needed(
-    load: float,
-    most: int,
-    wait_probability: float = WAIT_PROBABILITY,
-    slack_in_holds: float = 0.0,
-) -> int:
-    """The fewest slots (at most `most`) with which `load` Erlangs wait longer than the
-    slack at most that often.
+def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
+    """The fewest slots (at most `most`) with which `load` Erlangs wait at most that often.
 
-    `slack_in_holds`: the tolerated wait in units of one slot hold. With c slots an
-    arrival waits with Erlang C's probability, and then longer than t with
-    exp(-(c - load) * t / hold) of it (the M/M/c queue's wait). One pass of Erlang B's
-    recursion over the number of slots: O(slots)."""
+    One pass of Erlang B's recursion over the number of slots: O(slots)."""
     if load <= 0 or most <= 0:
         return 0
     blocked = 1.0
     for slots in range(1, most + 1):
         blocked = load * blocked / (slots + load * blocked)
-        if slots <= load:
-            continue
-        waits = slots * blocked / (slots - load * (1.0 - blocked))
-        if waits * math.exp(-(slots - load) * slack_in_holds) <= wait_probability:
+        if slots > load and slots * blocked / (slots - load * (1.0 - blocked)) <= wait_probability:
             return slots
     return most
 

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
 from gateway.scheduling.fairness import FairQueue, TokenCost
-from gateway.scheduling.headroom import SLACK_SHARE, ArrivalRate, slots_needed
+from gateway.scheduling.headroom import ArrivalRate, slots_needed
 from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
@@ -188,9 +188,6 @@ class LaneState:
     #: (`headroom.slots_needed`), as of its latest arrival or release.
     demand_slots: float = 0.0
     headroom: int = 0
-    #: One long prefill plus its own on the slowest backend (the app's sizer learns it;
-    #: 0 until then): a share of it is the wait for a slot its headroom tolerates.
-    engine_floor_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -287,13 +284,6 @@ class Scheduler:
     def set_deadline(self, name: str, deadline_s: float) -> None:
         """The lane's queue deadline in force from now on (new arrivals)."""
         self._by_name[name].deadline_s = deadline_s
-
-    def set_engine_floor(self, name: str, floor_s: float) -> None:
-        """The lane's engine floor as learned: its headroom tolerates a wait for a slot
-        of `SLACK_SHARE` of it."""
-        lane = self._by_name[name]
-        lane.engine_floor_s = max(0.0, floor_s)
-        self._note_demand(lane, self._now())
 
     # -- prediction ------------------------------------------------------------------
 
@@ -719,10 +709,7 @@ class Scheduler:
         release (its rate, its hold time or both changed)."""
         hold = lane.hold_ewma_s
         lane.demand_slots = 0.0 if hold is None else lane.arrivals.per_s(now) * hold
-        slack_in_holds = SLACK_SHARE * lane.engine_floor_s / hold if hold else 0.0
-        lane.headroom = slots_needed(
-            lane.demand_slots, min(lane.slot_limit, lane.capacity), slack_in_holds=slack_in_holds
-        )
+        lane.headroom = slots_needed(lane.demand_slots, min(lane.slot_limit, lane.capacity))
 
     def headroom_figures(self, name: str) -> dict[str, float | int]:
         """What lane `name`'s headroom is made of, and what it leaves the lanes below
@@ -733,7 +720,6 @@ class Scheduler:
         return {
             "arrivals_per_s": round(lane.arrivals.per_s(now), 3),
             "hold_s": round(lane.hold_ewma_s or 0.0, 3),
-            "slack_s": round(SLACK_SHARE * lane.engine_floor_s, 3),
             "demand_slots": 0.0 if quiet else round(lane.demand_slots, 3),
             "headroom_slots": 0 if quiet else lane.headroom,
             "reserved_by_higher": self.reserved_slots(name),

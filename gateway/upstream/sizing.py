@@ -272,7 +272,6 @@ class BackendSizer:
             self.scheduler.set_slot_limit(lane.name, slot_limit(lane, slots), slots)
             floor = self.floor_s(lane.name, lane.max_prompt_tokens)
             self.floors[lane.name] = floor
-            self.scheduler.set_engine_floor(lane.name, floor)
             deadline = fitted_deadline_s(lane.queue_timeout_s, floor, lane.fit_timeout_to_engine)
             previous = self.scheduler.lane(lane.name).deadline_s
             self.scheduler.set_deadline(lane.name, deadline)

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import math
 
 import pytest
 
-from gateway.scheduling.headroom import (
-    QUIET_S,
-    SLACK_SHARE,
-    ArrivalRate,
-    erlang_c,
-    slots_needed,
-)
+from gateway.scheduling.headroom import QUIET_S, ArrivalRate, erlang_c, slots_needed
 from gateway.scheduling.scheduler import Grant, Scheduler
 from tests.scheduling.test_scheduler import Clock, make, settle
 
@@ -31,23 +24,6 @@ def test_slots_needed_grows_with_the_load_and_is_capped() -> None:
     assert needed == sorted(needed) and needed[0] < needed[-1]
     assert erlang_c(slots_needed(4.0, 64), 4.0) <= 0.1 < erlang_c(slots_needed(4.0, 64) - 1, 4.0)
     assert slots_needed(20.0, 8) == 8
-
-
-def test_a_slack_for_the_wait_needs_fewer_slots_where_they_turn_over_fast() -> None:
-    """With a tolerated wait of t (in slot holds), c slots suffice once an arrival waits
-    longer than t at most 10% of the time: Erlang C times exp(-(c - load) t)."""
-    load = 2.0
-    strict = slots_needed(load, 16)
-    assert slots_needed(load, 16, slack_in_holds=0.0) == strict
-    relaxed = slots_needed(load, 16, slack_in_holds=0.5)
-    assert load < relaxed < strict
-
-    def late(c: int) -> float:
-        return erlang_c(c, load) * math.exp(-(c - load) * 0.5)
-
-    assert late(relaxed) <= 0.1 < late(relaxed - 1)
-    # A slack of many holds still needs more slots than the load itself (a stable queue).
-    assert slots_needed(load, 16, slack_in_holds=100.0) == 3
 
 
 def test_an_arrival_rate_falls_while_nothing_arrives_and_is_zero_when_quiet() -> None:
@@ -171,24 +147,3 @@ async def test_while_the_lower_lane_yields_a_short_is_predicted_on_the_slots_it_
     assert scheduler.predicted_wait_s("interactive") == pytest.approx(3.0)
     for grant in [longs[0], held, *(task.result() for task in queued)]:
         scheduler.release(grant)
-
-
-async def test_the_engine_floor_gives_a_fast_turnover_lane_a_smaller_headroom() -> None:
-    """Shorts holding a slot 0.5 s at 2 Erlangs, behind a 2-s engine floor: a wait of
-    0.3 x 2 s for a slot is slack enough with fewer slots than a zero-wait sizing keeps,
-    so bulk may hold more of the eight; a slow lane (holds as long as the floor) keeps
-    nearly all it had."""
-    clock = Clock()
-    scheduler, _ = make(8, clock=clock)
-    interactive = scheduler.lane("interactive")
-    await arrive(scheduler, clock, "interactive", 32, every_s=0.25, hold_s=0.5)
-    strict = interactive.headroom
-    scheduler.set_engine_floor("interactive", 2.0)
-    relaxed = interactive.headroom
-    assert relaxed < strict and scheduler.reserved_slots("bulk") == relaxed
-    figures = scheduler.headroom_figures("interactive")
-    assert figures["slack_s"] == pytest.approx(SLACK_SHARE * 2.0)
-    assert figures["headroom_slots"] == relaxed
-    assert scheduler.headroom_figures("bulk")["may_hold"] == 8 - relaxed
-    scheduler.set_engine_floor("interactive", 0.0)  # unknown again: no slack
-    assert interactive.headroom == strict
