@@ -2,7 +2,9 @@
 schedulers over counted slots) publish their queueing and each exports the same view.
 
 The ticks are called by hand (`Fleet.tick`, what the fleet's timer calls), so the
-test decides who has published; expiry and liveness are real Redis time.
+test decides who has published; expiry and liveness are real Redis time. Most
+replicas have one pool (`*`, the one-model config's); the multi-model ones have two,
+each with its own scheduler, as `build_pools` makes them.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from gateway.fleet.signals import FleetSignals, ReplicaFigures, combine, decode_
 from gateway.fleet.store import SharedStore
 from gateway.observability.logs import make_logger
 from gateway.scheduling.scheduler import Grant, Scheduler
+from gateway.upstream.models import CATCH_ALL
 from tests.redis_server import RedisServer
 from tests.scheduling.test_scheduler import Clock, CountingSlots, settle
 
 #: Fast ticks: a replica's figures expire 3 ticks (0.6 s) after it last published.
 TICK_S = 0.2
 LANES = ("interactive", "bulk")
+#: The default pool of the one-model config: the `pool` label `gateway_pool_*` gives it.
+ONE_POOL = CATCH_ALL
 
 
 @dataclass
@@ -39,7 +44,7 @@ class Replica:
     store: SharedStore
     fleet: Fleet
     signals: FleetSignals
-    scheduler: Scheduler
+    schedulers: dict[str, Scheduler]
     clock: Clock
     registry: CollectorRegistry
     log: io.StringIO
@@ -47,22 +52,30 @@ class Replica:
     held: list[Grant] = field(default_factory=list)
     waiting: list[asyncio.Task[Grant]] = field(default_factory=list)
 
-    def sample(self, name: str, lane: str | None = None) -> float | None:
-        return self.registry.get_sample_value(name, {"lane": lane} if lane else {})
+    @property
+    def scheduler(self) -> Scheduler:
+        """The default pool's (the first)."""
+        return next(iter(self.schedulers.values()))
 
-    async def hold(self, lane: str, count: int) -> None:
-        self.held += [await self.scheduler.acquire(lane) for _ in range(count)]
+    def sample(self, name: str, lane: str | None = None, pool: str = ONE_POOL) -> float | None:
+        return self.registry.get_sample_value(name, {"pool": pool, "lane": lane} if lane else {})
 
-    async def queue(self, lane: str, count: int) -> None:
-        self.waiting += [asyncio.create_task(self.scheduler.acquire(lane)) for _ in range(count)]
+    async def hold(self, lane: str, count: int, pool: str | None = None) -> None:
+        scheduler = self.schedulers[pool] if pool else self.scheduler
+        self.held += [await scheduler.acquire(lane) for _ in range(count)]
+
+    async def queue(self, lane: str, count: int, pool: str | None = None) -> None:
+        scheduler = self.schedulers[pool] if pool else self.scheduler
+        self.waiting += [asyncio.create_task(scheduler.acquire(lane)) for _ in range(count)]
         await settle()
 
-    async def learn_hold_time(self, lane: str, seconds: float) -> None:
+    async def learn_hold_time(self, lane: str, seconds: float, pool: str | None = None) -> None:
         """One request held a slot `seconds` (the scheduler's clock): waits become
         predictable."""
-        grant = await self.scheduler.acquire(lane)
+        scheduler = self.schedulers[pool] if pool else self.scheduler
+        grant = await scheduler.acquire(lane)
         self.clock.advance(seconds)
-        self.scheduler.release(grant)
+        scheduler.release(grant)
 
     async def close(self) -> None:
         for task in self.waiting:
@@ -71,7 +84,8 @@ class Replica:
         await self.store.close()
 
 
-def make_replica(url: str, slots: int) -> Replica:
+def make_replica(url: str, slots: int, pools: tuple[str, ...] = (ONE_POOL,)) -> Replica:
+    """A replica with a scheduler of `slots` per pool; the first pool is the default."""
     settings = RedisSettings(url=url, tick_s=TICK_S)
     log = io.StringIO()
     registry = CollectorRegistry()
@@ -79,11 +93,16 @@ def make_replica(url: str, slots: int) -> Replica:
     fleet = Fleet(settings, store)
     clock = Clock()
     lanes = [LaneSettings(name=name, queue_timeout_s=30) for name in LANES]
-    scheduler = Scheduler(lanes, dict.fromkeys(LANES, slots), CountingSlots(slots), clock=clock)
+    schedulers = {
+        pool: Scheduler(lanes, dict.fromkeys(LANES, slots), CountingSlots(slots), clock=clock)
+        for pool in pools
+    }
     replica: Replica
-    signals = FleetSignals(store, fleet, scheduler, draining=lambda: replica.draining)
+    signals = FleetSignals(
+        store, fleet, schedulers, default_pool=pools[0], draining=lambda: replica.draining
+    )
     signals.install(registry)
-    replica = Replica(store, fleet, signals, scheduler, clock, registry, log)
+    replica = Replica(store, fleet, signals, schedulers, clock, registry, log)
     return replica
 
 
@@ -287,9 +306,10 @@ def test_combine_sums_depths_and_takes_the_worst_known_wait() -> None:
         ]
     )
     assert view.replicas == 4
-    assert view.queue_depth == {"interactive": 3, "bulk": 0}
-    assert view.in_flight == {"interactive": 1, "bulk": 0}
+    i, b = (ONE_POOL, "interactive"), (ONE_POOL, "bulk")
+    assert view.queue_depth == {i: 3, b: 0}
+    assert view.in_flight == {i: 1, b: 0}
     # bulk: one replica has no estimate yet (no free slot, no waits measured); the
     # others' 0 s is real (a free slot there: a request would start at once).
-    assert view.predicted_wait_s == {"interactive": 3.0, "bulk": 0.0}
+    assert view.predicted_wait_s == {i: 3.0, b: 0.0}
     assert decode_figures(b'{"lanes": {"a": {"predicted_wait_s": -1}}}') is None
