@@ -313,3 +313,116 @@ def test_combine_sums_depths_and_takes_the_worst_known_wait() -> None:
     # others' 0 s is real (a free slot there: a request would start at once).
     assert view.predicted_wait_s == {i: 3.0, b: 0.0}
     assert decode_figures(b'{"lanes": {"a": {"predicted_wait_s": -1}}}') is None
+
+
+# ------------------------------------------------------------------ many models (#28)
+
+#: Two model pools, named as `build_pools` names them (their models, in config order).
+LLAMA, MISTRAL = "llama", "mistral,mistral-lora"
+
+
+@pytest.fixture
+async def two_pool_replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
+    made = [make_replica(redis_server.url, 2, (LLAMA, MISTRAL)) for _ in range(2)]
+    yield made
+    for replica in made:
+        await replica.close()
+
+
+async def test_every_pool_s_lanes_are_published_and_combined_separately(
+    two_pool_replicas: list[Replica],
+) -> None:
+    a, b = two_pool_replicas
+    # a: llama's interactive full (2 held, 1 waiting); mistral idle.
+    await a.hold("interactive", 2, LLAMA)
+    await a.queue("interactive", 1, LLAMA)
+    # b: mistral's interactive full (2 held, 3 waiting, 4 s learned); llama's bulk 1 held.
+    await b.learn_hold_time("interactive", 4.0, MISTRAL)
+    await b.hold("interactive", 2, MISTRAL)
+    await b.queue("interactive", 3, MISTRAL)
+    await b.hold("bulk", 1, LLAMA)
+    await tick_all(two_pool_replicas)
+
+    mistral_wait = b.schedulers[MISTRAL].predicted_wait_s("interactive")
+    assert mistral_wait == pytest.approx(4 * 4.0 / 2)  # 4th place, 2 s each
+    for replica in (a, b):
+        assert replica.sample("gateway_fleet_replicas") == 2
+        fleet = {
+            (pool, lane): (
+                replica.sample("gateway_fleet_queue_depth", lane, pool),
+                replica.sample("gateway_fleet_in_flight", lane, pool),
+            )
+            for pool in (LLAMA, MISTRAL)
+            for lane in LANES
+        }
+        assert fleet == {
+            (LLAMA, "interactive"): (1, 2),
+            (LLAMA, "bulk"): (0, 1),
+            (MISTRAL, "interactive"): (3, 2),
+            (MISTRAL, "bulk"): (0, 0),
+        }
+        wait = replica.sample("gateway_fleet_predicted_wait_seconds", "interactive", MISTRAL)
+        assert wait == pytest.approx(mistral_wait)
+        # The pool label is the one `gateway_pool_*` gives each pool; no unlabelled series.
+        assert replica.sample("gateway_fleet_queue_depth", "interactive", ONE_POOL) is None
+        assert replica.registry.get_sample_value(
+            "gateway_fleet_queue_depth", {"lane": "interactive"}
+        ) is None  # fmt: skip
+
+    # An older replica (one pool, no `pool`/`pools`) reads a new one's figures: the
+    # default pool's lanes where it always found them, the rest ignored.
+    class OldFigures(msgspec.Struct):
+        lanes: dict[str, dict[str, Any]] = {}
+        draining: bool = False
+
+    old = msgspec.json.decode(msgspec.json.encode(b.signals.own_figures()), type=OldFigures)
+    assert old.lanes["bulk"]["in_flight"] == 1 and old.lanes["interactive"]["in_flight"] == 0
+
+
+async def test_an_older_replica_s_untagged_lanes_count_as_the_default_pool(
+    two_pool_replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    a, b = two_pool_replicas
+    await a.hold("bulk", 1, LLAMA)
+    await a.hold("bulk", 1, MISTRAL)
+    await tick_all(two_pool_replicas)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        # b as an older replica publishes it (one pool, untagged): 2 bulk in flight,
+        # 3 interactive waiting. And a pool that only another config has: left out.
+        key = b.store.key("replica", b.store.replica_id)
+        old = b'{"lanes": {"bulk": {"in_flight": 2}, "interactive": {"queue_depth": 3}}}'
+        await client.set(key, old, px=5000)
+        await a.fleet.tick()
+        assert a.sample("gateway_fleet_replicas") == 2
+        assert a.sample("gateway_fleet_in_flight", "bulk", LLAMA) == 1 + 2
+        assert a.sample("gateway_fleet_queue_depth", "interactive", LLAMA) == 3
+        assert a.sample("gateway_fleet_in_flight", "bulk", MISTRAL) == 1
+        assert a.sample("gateway_fleet_queue_depth", "interactive", MISTRAL) == 0
+
+        tagged = (
+            b'{"lanes": {}, "pool": "llama", '
+            b'"pools": {"other": {"bulk": {"in_flight": 9}}, '
+            b'"mistral,mistral-lora": {"bulk": {"in_flight": 4}}}}'
+        )
+        await client.set(key, tagged, px=5000)
+        await a.fleet.tick()
+        assert a.sample("gateway_fleet_in_flight", "bulk", MISTRAL) == 1 + 4
+        assert a.sample("gateway_fleet_in_flight", "bulk", "other") is None
+    finally:
+        await client.aclose()
+
+
+def test_combine_keys_by_pool_and_lane_and_untagged_lanes_are_the_default_pool_s() -> None:
+    old = decode_figures(b'{"lanes": {"bulk": {"queue_depth": 2, "predicted_wait_s": 1.0}}}')
+    new = decode_figures(
+        b'{"lanes": {"bulk": {"queue_depth": 1, "predicted_wait_s": 3.0}}, "pool": "llama",'
+        b' "pools": {"mistral": {"bulk": {"queue_depth": 5, "predicted_wait_s": 0.5}}}}'
+    )
+    assert old is not None and old.pool is None and old.pools == {}
+    view = combine([old, new], default_pool="llama", pools={"llama", "mistral"})
+    assert view.queue_depth == {("llama", "bulk"): 3, ("mistral", "bulk"): 5}
+    assert view.predicted_wait_s == {("llama", "bulk"): 3.0, ("mistral", "bulk"): 0.5}
+    # Another reader's default: the old replica's lanes are its default pool's.
+    view = combine([old, new], default_pool="mistral", pools={"llama", "mistral"})
+    assert view.queue_depth == {("mistral", "bulk"): 7, ("llama", "bulk"): 1}
