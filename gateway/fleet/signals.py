@@ -5,11 +5,11 @@ reading one replica (Prometheus scraping through a Service, KEDA's metrics-api
 scaler) would see a third of the truth in a fleet of three. So each fleet tick
 every replica publishes its figures per pool and lane (queue depth, slots in flight,
 the wait predicted for a request arriving now; each model pool has its own scheduler
-and its own queues) and whether it is draining, and reads
-every live replica's figures back in the same Lua call: one round trip per tick,
-none on the request path. Each replica then exports the same fleet view
-(`gateway_fleet_*`): dashboards and autoscalers aggregate it with `max()` over
-replicas, never `sum()` (that would count the fleet once per replica).
+and its own queues) and whether it is draining, and reads every live replica's
+figures back in the same Lua call: one round trip per tick, none on the request
+path. Each replica then exports the same fleet view (`gateway_fleet_*{pool,lane}`):
+dashboards and autoscalers aggregate it with `max()` over replicas, never `sum()`
+(that would count the fleet once per replica).
 
 Rolling upgrade: the default pool's lanes stay where a one-pool replica put them
 (`lanes`, untagged), the pool they are of goes beside them (`pool`), and the other
@@ -308,18 +308,19 @@ class FleetViewCollector(Collector):
         )
         depth = GaugeMetricFamily(
             "gateway_fleet_queue_depth",
-            "Requests waiting, by pool and lane, summed over the fleet's replicas." + _MAX_NOT_SUM,
+            "Requests waiting, by pool and lane, summed over the replicas." + _MAX_NOT_SUM,
             labels=["pool", "lane"],
         )
         in_flight = GaugeMetricFamily(
             "gateway_fleet_in_flight",
-            "Slots held, by pool and lane, summed over the fleet's replicas." + _MAX_NOT_SUM,
+            "Slots held, by pool and lane, summed over the replicas." + _MAX_NOT_SUM,
             labels=["pool", "lane"],
         )
         wait = GaugeMetricFamily(
             "gateway_fleet_predicted_wait_seconds",
-            "Wait predicted for a request arriving now, by pool and lane: the worst replica's (absent "
-            "while a replica with requests waiting has learned none yet)." + _MAX_NOT_SUM,
+            "Wait predicted for a request arriving now, by pool and lane: the worst "
+            "replica's (absent while a replica with requests waiting has learned none yet)."
+            + _MAX_NOT_SUM,
             labels=["pool", "lane"],
         )
         for key, value in sorted(view.queue_depth.items()):
