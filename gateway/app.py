@@ -99,9 +99,14 @@ def build_app(
     state.tracer = build_tracer(settings.tracing, events)
     if settings.redis.enabled:
         state.fleet = build_fleet(settings, router, events, metrics)
-        # Fleet signals (#11): this replica's queueing published, the fleet's exported.
+        # Fleet signals (#11): this replica's queueing published, the fleet's exported,
+        # every pool's lanes under the pool names `gateway_pool_*` uses (#28).
         FleetSignals(
-            state.fleet.store, state.fleet, scheduler, draining=lambda: state.draining
+            state.fleet.store,
+            state.fleet,
+            {each.name: each.scheduler for each in router.pools},
+            default_pool=default.name,
+            draining=lambda: state.draining,
         ).install(metrics.registry)
     # Tenant quotas (#11): in the fleet's Redis, or local without one.
     state.quotas = TenantQuotas.for_fleet(settings.api_keys, state.fleet, metrics.registry)

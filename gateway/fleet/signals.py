@@ -3,12 +3,19 @@
 Every replica's `/metrics` already says how long *its* queues are; an autoscaler
 reading one replica (Prometheus scraping through a Service, KEDA's metrics-api
 scaler) would see a third of the truth in a fleet of three. So each fleet tick
-every replica publishes its figures per lane (queue depth, slots in flight, the
-wait predicted for a request arriving now) and whether it is draining, and reads
-every live replica's figures back in the same Lua call: one round trip per tick,
-none on the request path. Each replica then exports the same fleet view
-(`gateway_fleet_*`): dashboards and autoscalers aggregate it with `max()` over
-replicas, never `sum()` (that would count the fleet once per replica).
+every replica publishes its figures per pool and lane (queue depth, slots in flight,
+the wait predicted for a request arriving now; each model pool has its own scheduler
+and its own queues) and whether it is draining, and reads every live replica's
+figures back in the same Lua call: one round trip per tick, none on the request
+path. Each replica then exports the same fleet view (`gateway_fleet_*{pool,lane}`):
+dashboards and autoscalers aggregate it with `max()` over replicas, never `sum()`
+(that would count the fleet once per replica).
+
+Rolling upgrade: the default pool's lanes stay where a one-pool replica put them
+(`lanes`, untagged), the pool they are of goes beside them (`pool`), and the other
+pools' lanes go in a field an older replica ignores (`pools`). An older replica's
+untagged lanes are counted as the reader's default pool; an older reader counts the
+default pool's lanes only, as before.
 
 Liveness is Redis time, never a replica's clock: a sorted set of replica ids
 scored by when each one's figures expire (~3 ticks after it last published),
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -38,6 +45,7 @@ from prometheus_client.registry import Collector
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.store import SharedStore
 from gateway.scheduling.scheduler import Scheduler
+from gateway.upstream.models import CATCH_ALL
 
 #: A replica's figures expire this many ticks after it published them: one late tick
 #: (a busy loop, a slow Redis) does not make it vanish; a dead one is gone in ~3.
@@ -81,8 +89,19 @@ class ReplicaFigures(msgspec.Struct, frozen=True):
     """What one replica publishes. Unknown fields are ignored: a newer replica may
     publish more, and an older one reading it still counts what it knows."""
 
+    #: The default pool's lanes (where a one-pool replica published its only ones).
     lanes: dict[str, LaneFigures] = {}
     draining: bool = False
+    #: The pool `lanes` are of. None (a replica from before pools): the reader's default.
+    pool: str | None = None
+    #: Every other pool's lanes, by pool name.
+    pools: dict[str, dict[str, LaneFigures]] = {}
+
+    def by_pool(self, default_pool: str) -> Iterator[tuple[str, dict[str, LaneFigures]]]:
+        """(pool, its lanes) for every pool in these figures; untagged lanes are
+        `default_pool`'s."""
+        yield (self.pool if self.pool is not None else default_pool), self.lanes
+        yield from self.pools.items()
 
 
 _decoder = msgspec.json.Decoder(ReplicaFigures)
@@ -96,39 +115,56 @@ def decode_figures(raw: bytes) -> ReplicaFigures | None:
         return None
 
 
+#: A lane of one pool: (pool name, lane name).
+PoolLane = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class FleetView:
-    """Sums and maxima over the replicas in view, by lane."""
+    """Sums and maxima over the replicas in view, by (pool, lane)."""
 
     replicas: int = 1
     draining: int = 0
-    queue_depth: dict[str, int] = field(default_factory=dict)
-    in_flight: dict[str, int] = field(default_factory=dict)
+    queue_depth: dict[PoolLane, int] = field(default_factory=dict)
+    in_flight: dict[PoolLane, int] = field(default_factory=dict)
     #: The worst replica's predicted wait: the one the next request may land on. A lane
     #: is left out while any replica cannot predict it (requests wait there, nothing
     #: learned yet): an idle replica's 0 must not stand for a busy one's unknown.
-    predicted_wait_s: dict[str, float] = field(default_factory=dict)
+    predicted_wait_s: dict[PoolLane, float] = field(default_factory=dict)
 
 
-def combine(replicas: Iterable[ReplicaFigures | None]) -> FleetView:
-    """The fleet view of these replicas (a None one is live but says nothing)."""
+def combine(
+    replicas: Iterable[ReplicaFigures | None],
+    *,
+    default_pool: str = CATCH_ALL,
+    pools: Collection[str] | None = None,
+) -> FleetView:
+    """The fleet view of these replicas (a None one is live but says nothing).
+
+    Untagged lanes (an older replica's) are `default_pool`'s. With `pools`, a pool
+    not in it (another replica's config; garbage) is left out: the exported series'
+    labels stay this replica's configured pools."""
     count = draining = 0
-    depth: dict[str, int] = {}
-    in_flight: dict[str, int] = {}
-    wait: dict[str, float] = {}
+    depth: dict[PoolLane, int] = {}
+    in_flight: dict[PoolLane, int] = {}
+    wait: dict[PoolLane, float] = {}
     for figures in replicas:
         count += 1
         if figures is None:
             continue
         draining += figures.draining
-        for lane, lane_figures in figures.lanes.items():
-            depth[lane] = depth.get(lane, 0) + lane_figures.queue_depth
-            in_flight[lane] = in_flight.get(lane, 0) + lane_figures.in_flight
-            predicted = lane_figures.predicted_wait_s
-            # Unknown (a replica with no free slot that has not measured its waits yet)
-            # is left out; an idle replica's 0 is real: its backends have a free slot.
-            if predicted is not None and math.isfinite(predicted):
-                wait[lane] = max(wait.get(lane, 0.0), predicted)
+        for pool, lanes in figures.by_pool(default_pool):
+            if pools is not None and pool not in pools:
+                continue
+            for lane, lane_figures in lanes.items():
+                key = (pool, lane)
+                depth[key] = depth.get(key, 0) + lane_figures.queue_depth
+                in_flight[key] = in_flight.get(key, 0) + lane_figures.in_flight
+                predicted = lane_figures.predicted_wait_s
+                # Unknown (a replica with no free slot that has not measured its waits
+                # yet) is left out; an idle replica's 0 is real: a free slot there.
+                if predicted is not None and math.isfinite(predicted):
+                    wait[key] = max(wait.get(key, 0.0), predicted)
     return FleetView(count, draining, depth, in_flight, wait)
 
 
@@ -139,14 +175,20 @@ class FleetSignals:
         self,
         store: SharedStore,
         fleet: Fleet,
-        scheduler: Scheduler,
+        schedulers: Mapping[str, Scheduler],
         *,
+        default_pool: str,
         draining: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`schedulers`: every pool's, by pool name (the `pool` label of
+        `gateway_pool_*`), `default_pool`'s among them."""
+        if default_pool not in schedulers:
+            raise ValueError(f"default pool {default_pool!r} has no scheduler")
         self.store = store
         self.fleet = fleet
-        self.scheduler = scheduler
+        self.schedulers = dict(schedulers)
+        self.default_pool = default_pool
         self._draining = draining
         self._clock = clock
         self._script = store.script(PUBLISH_AND_READ)
@@ -170,16 +212,18 @@ class FleetSignals:
         registry.register(FleetViewCollector(self))
 
     def own_figures(self) -> ReplicaFigures:
-        """This replica's figures now, read from its scheduler."""
-        lanes = {}
-        for lane in self.scheduler.lanes:
-            wait = self.scheduler.predicted_wait_s(lane.name)
-            lanes[lane.name] = LaneFigures(
-                queue_depth=len(lane.queue),
-                in_flight=lane.in_flight,
-                predicted_wait_s=wait if wait is not None and math.isfinite(wait) else None,
-            )
-        return ReplicaFigures(lanes=lanes, draining=self._draining())
+        """This replica's figures now, read from every pool's scheduler."""
+        others = {
+            name: _lane_figures(scheduler)
+            for name, scheduler in self.schedulers.items()
+            if name != self.default_pool
+        }
+        return ReplicaFigures(
+            lanes=_lane_figures(self.schedulers[self.default_pool]),
+            draining=self._draining(),
+            pool=self.default_pool,
+            pools=others,
+        )
 
     async def tick(self) -> None:
         """Publish this replica's figures and read every live replica's (one call)."""
@@ -219,7 +263,21 @@ class FleetSignals:
         """This replica's figures as they are now, plus the others' at the last read;
         this replica alone while Redis is down (or the last read is too old)."""
         others = self._others.values() if self.fleet_wide else ()
-        return combine([self.own_figures(), *others])
+        return combine(
+            [self.own_figures(), *others], default_pool=self.default_pool, pools=self.schedulers
+        )
+
+
+def _lane_figures(scheduler: Scheduler) -> dict[str, LaneFigures]:
+    lanes = {}
+    for lane in scheduler.lanes:
+        wait = scheduler.predicted_wait_s(lane.name)
+        lanes[lane.name] = LaneFigures(
+            queue_depth=len(lane.queue),
+            in_flight=lane.in_flight,
+            predicted_wait_s=wait if wait is not None and math.isfinite(wait) else None,
+        )
+    return lanes
 
 
 def _text(value: Any) -> str:
@@ -250,26 +308,27 @@ class FleetViewCollector(Collector):
         )
         depth = GaugeMetricFamily(
             "gateway_fleet_queue_depth",
-            "Requests waiting, by lane, summed over the fleet's replicas." + _MAX_NOT_SUM,
-            labels=["lane"],
+            "Requests waiting, by pool and lane, summed over the replicas." + _MAX_NOT_SUM,
+            labels=["pool", "lane"],
         )
         in_flight = GaugeMetricFamily(
             "gateway_fleet_in_flight",
-            "Slots held, by lane, summed over the fleet's replicas." + _MAX_NOT_SUM,
-            labels=["lane"],
+            "Slots held, by pool and lane, summed over the replicas." + _MAX_NOT_SUM,
+            labels=["pool", "lane"],
         )
         wait = GaugeMetricFamily(
             "gateway_fleet_predicted_wait_seconds",
-            "Wait predicted for a request arriving now, by lane: the worst replica's (absent "
-            "while a replica with requests waiting has learned none yet)." + _MAX_NOT_SUM,
-            labels=["lane"],
+            "Wait predicted for a request arriving now, by pool and lane: the worst "
+            "replica's (absent while a replica with requests waiting has learned none yet)."
+            + _MAX_NOT_SUM,
+            labels=["pool", "lane"],
         )
-        for lane, value in sorted(view.queue_depth.items()):
-            depth.add_metric([lane], value)
-        for lane, value in sorted(view.in_flight.items()):
-            in_flight.add_metric([lane], value)
-        for lane, seconds in sorted(view.predicted_wait_s.items()):
-            wait.add_metric([lane], seconds)
+        for key, value in sorted(view.queue_depth.items()):
+            depth.add_metric(list(key), value)
+        for key, value in sorted(view.in_flight.items()):
+            in_flight.add_metric(list(key), value)
+        for key, seconds in sorted(view.predicted_wait_s.items()):
+            wait.add_metric(list(key), seconds)
         yield from (depth, in_flight, wait)
         yield GaugeMetricFamily(
             "gateway_fleet_view_age_seconds",

@@ -2,7 +2,9 @@
 schedulers over counted slots) publish their queueing and each exports the same view.
 
 The ticks are called by hand (`Fleet.tick`, what the fleet's timer calls), so the
-test decides who has published; expiry and liveness are real Redis time.
+test decides who has published; expiry and liveness are real Redis time. Most
+replicas have one pool (`*`, the one-model config's); the multi-model ones have two,
+each with its own scheduler, as `build_pools` makes them.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from gateway.fleet.signals import FleetSignals, ReplicaFigures, combine, decode_
 from gateway.fleet.store import SharedStore
 from gateway.observability.logs import make_logger
 from gateway.scheduling.scheduler import Grant, Scheduler
+from gateway.upstream.models import CATCH_ALL
 from tests.redis_server import RedisServer
 from tests.scheduling.test_scheduler import Clock, CountingSlots, settle
 
 #: Fast ticks: a replica's figures expire 3 ticks (0.6 s) after it last published.
 TICK_S = 0.2
 LANES = ("interactive", "bulk")
+#: The default pool of the one-model config: the `pool` label `gateway_pool_*` gives it.
+ONE_POOL = CATCH_ALL
 
 
 @dataclass
@@ -39,7 +44,7 @@ class Replica:
     store: SharedStore
     fleet: Fleet
     signals: FleetSignals
-    scheduler: Scheduler
+    schedulers: dict[str, Scheduler]
     clock: Clock
     registry: CollectorRegistry
     log: io.StringIO
@@ -47,22 +52,30 @@ class Replica:
     held: list[Grant] = field(default_factory=list)
     waiting: list[asyncio.Task[Grant]] = field(default_factory=list)
 
-    def sample(self, name: str, lane: str | None = None) -> float | None:
-        return self.registry.get_sample_value(name, {"lane": lane} if lane else {})
+    @property
+    def scheduler(self) -> Scheduler:
+        """The default pool's (the first)."""
+        return next(iter(self.schedulers.values()))
 
-    async def hold(self, lane: str, count: int) -> None:
-        self.held += [await self.scheduler.acquire(lane) for _ in range(count)]
+    def sample(self, name: str, lane: str | None = None, pool: str = ONE_POOL) -> float | None:
+        return self.registry.get_sample_value(name, {"pool": pool, "lane": lane} if lane else {})
 
-    async def queue(self, lane: str, count: int) -> None:
-        self.waiting += [asyncio.create_task(self.scheduler.acquire(lane)) for _ in range(count)]
+    async def hold(self, lane: str, count: int, pool: str | None = None) -> None:
+        scheduler = self.schedulers[pool] if pool else self.scheduler
+        self.held += [await scheduler.acquire(lane) for _ in range(count)]
+
+    async def queue(self, lane: str, count: int, pool: str | None = None) -> None:
+        scheduler = self.schedulers[pool] if pool else self.scheduler
+        self.waiting += [asyncio.create_task(scheduler.acquire(lane)) for _ in range(count)]
         await settle()
 
-    async def learn_hold_time(self, lane: str, seconds: float) -> None:
+    async def learn_hold_time(self, lane: str, seconds: float, pool: str | None = None) -> None:
         """One request held a slot `seconds` (the scheduler's clock): waits become
         predictable."""
-        grant = await self.scheduler.acquire(lane)
+        scheduler = self.schedulers[pool] if pool else self.scheduler
+        grant = await scheduler.acquire(lane)
         self.clock.advance(seconds)
-        self.scheduler.release(grant)
+        scheduler.release(grant)
 
     async def close(self) -> None:
         for task in self.waiting:
@@ -71,7 +84,8 @@ class Replica:
         await self.store.close()
 
 
-def make_replica(url: str, slots: int) -> Replica:
+def make_replica(url: str, slots: int, pools: tuple[str, ...] = (ONE_POOL,)) -> Replica:
+    """A replica with a scheduler of `slots` per pool; the first pool is the default."""
     settings = RedisSettings(url=url, tick_s=TICK_S)
     log = io.StringIO()
     registry = CollectorRegistry()
@@ -79,11 +93,16 @@ def make_replica(url: str, slots: int) -> Replica:
     fleet = Fleet(settings, store)
     clock = Clock()
     lanes = [LaneSettings(name=name, queue_timeout_s=30) for name in LANES]
-    scheduler = Scheduler(lanes, dict.fromkeys(LANES, slots), CountingSlots(slots), clock=clock)
+    schedulers = {
+        pool: Scheduler(lanes, dict.fromkeys(LANES, slots), CountingSlots(slots), clock=clock)
+        for pool in pools
+    }
     replica: Replica
-    signals = FleetSignals(store, fleet, scheduler, draining=lambda: replica.draining)
+    signals = FleetSignals(
+        store, fleet, schedulers, default_pool=pools[0], draining=lambda: replica.draining
+    )
     signals.install(registry)
-    replica = Replica(store, fleet, signals, scheduler, clock, registry, log)
+    replica = Replica(store, fleet, signals, schedulers, clock, registry, log)
     return replica
 
 
@@ -287,9 +306,123 @@ def test_combine_sums_depths_and_takes_the_worst_known_wait() -> None:
         ]
     )
     assert view.replicas == 4
-    assert view.queue_depth == {"interactive": 3, "bulk": 0}
-    assert view.in_flight == {"interactive": 1, "bulk": 0}
+    i, b = (ONE_POOL, "interactive"), (ONE_POOL, "bulk")
+    assert view.queue_depth == {i: 3, b: 0}
+    assert view.in_flight == {i: 1, b: 0}
     # bulk: one replica has no estimate yet (no free slot, no waits measured); the
     # others' 0 s is real (a free slot there: a request would start at once).
-    assert view.predicted_wait_s == {"interactive": 3.0, "bulk": 0.0}
+    assert view.predicted_wait_s == {i: 3.0, b: 0.0}
     assert decode_figures(b'{"lanes": {"a": {"predicted_wait_s": -1}}}') is None
+
+
+# ------------------------------------------------------------------ many models (#28)
+
+#: Two model pools, named as `build_pools` names them (their models, in config order).
+LLAMA, MISTRAL = "llama", "mistral,mistral-lora"
+
+
+@pytest.fixture
+async def two_pool_replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
+    made = [make_replica(redis_server.url, 2, (LLAMA, MISTRAL)) for _ in range(2)]
+    yield made
+    for replica in made:
+        await replica.close()
+
+
+async def test_every_pool_s_lanes_are_published_and_combined_separately(
+    two_pool_replicas: list[Replica],
+) -> None:
+    a, b = two_pool_replicas
+    # a: llama's interactive full (2 held, 1 waiting); mistral idle.
+    await a.hold("interactive", 2, LLAMA)
+    await a.queue("interactive", 1, LLAMA)
+    # b: mistral's interactive full (2 held, 3 waiting, 4 s learned); llama's bulk 1 held.
+    await b.learn_hold_time("interactive", 4.0, MISTRAL)
+    await b.hold("interactive", 2, MISTRAL)
+    await b.queue("interactive", 3, MISTRAL)
+    await b.hold("bulk", 1, LLAMA)
+    await tick_all(two_pool_replicas)
+
+    mistral_wait = b.schedulers[MISTRAL].predicted_wait_s("interactive")
+    assert mistral_wait == pytest.approx(4 * 4.0 / 2)  # 4th place, 2 s each
+    for replica in (a, b):
+        assert replica.sample("gateway_fleet_replicas") == 2
+        fleet = {
+            (pool, lane): (
+                replica.sample("gateway_fleet_queue_depth", lane, pool),
+                replica.sample("gateway_fleet_in_flight", lane, pool),
+            )
+            for pool in (LLAMA, MISTRAL)
+            for lane in LANES
+        }
+        assert fleet == {
+            (LLAMA, "interactive"): (1, 2),
+            (LLAMA, "bulk"): (0, 1),
+            (MISTRAL, "interactive"): (3, 2),
+            (MISTRAL, "bulk"): (0, 0),
+        }
+        wait = replica.sample("gateway_fleet_predicted_wait_seconds", "interactive", MISTRAL)
+        assert wait == pytest.approx(mistral_wait)
+        # The pool label is the one `gateway_pool_*` gives each pool; no unlabelled series.
+        assert replica.sample("gateway_fleet_queue_depth", "interactive", ONE_POOL) is None
+        assert replica.registry.get_sample_value(
+            "gateway_fleet_queue_depth", {"lane": "interactive"}
+        ) is None  # fmt: skip
+
+    # An older replica (one pool, no `pool`/`pools`) reads a new one's figures: the
+    # default pool's lanes where it always found them, the rest ignored.
+    class OldFigures(msgspec.Struct):
+        lanes: dict[str, dict[str, Any]] = {}
+        draining: bool = False
+
+    old = msgspec.json.decode(msgspec.json.encode(b.signals.own_figures()), type=OldFigures)
+    assert old.lanes["bulk"]["in_flight"] == 1 and old.lanes["interactive"]["in_flight"] == 0
+
+
+async def test_an_older_replica_s_untagged_lanes_count_as_the_default_pool(
+    two_pool_replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    a, b = two_pool_replicas
+    await a.hold("bulk", 1, LLAMA)
+    await a.hold("bulk", 1, MISTRAL)
+    await tick_all(two_pool_replicas)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        # b as an older replica publishes it (one pool, untagged): 2 bulk in flight,
+        # 3 interactive waiting. And a pool that only another config has: left out.
+        key = b.store.key("replica", b.store.replica_id)
+        old = b'{"lanes": {"bulk": {"in_flight": 2}, "interactive": {"queue_depth": 3}}}'
+        await client.set(key, old, px=5000)
+        await a.fleet.tick()
+        assert a.sample("gateway_fleet_replicas") == 2
+        assert a.sample("gateway_fleet_in_flight", "bulk", LLAMA) == 1 + 2
+        assert a.sample("gateway_fleet_queue_depth", "interactive", LLAMA) == 3
+        assert a.sample("gateway_fleet_in_flight", "bulk", MISTRAL) == 1
+        assert a.sample("gateway_fleet_queue_depth", "interactive", MISTRAL) == 0
+
+        tagged = (
+            b'{"lanes": {}, "pool": "llama", '
+            b'"pools": {"other": {"bulk": {"in_flight": 9}}, '
+            b'"mistral,mistral-lora": {"bulk": {"in_flight": 4}}}}'
+        )
+        await client.set(key, tagged, px=5000)
+        await a.fleet.tick()
+        assert a.sample("gateway_fleet_in_flight", "bulk", MISTRAL) == 1 + 4
+        assert a.sample("gateway_fleet_in_flight", "bulk", "other") is None
+    finally:
+        await client.aclose()
+
+
+def test_combine_keys_by_pool_and_lane_and_untagged_lanes_are_the_default_pool_s() -> None:
+    old = decode_figures(b'{"lanes": {"bulk": {"queue_depth": 2, "predicted_wait_s": 1.0}}}')
+    new = decode_figures(
+        b'{"lanes": {"bulk": {"queue_depth": 1, "predicted_wait_s": 3.0}}, "pool": "llama",'
+        b' "pools": {"mistral": {"bulk": {"queue_depth": 5, "predicted_wait_s": 0.5}}}}'
+    )
+    assert old is not None and old.pool is None and old.pools == {}
+    view = combine([old, new], default_pool="llama", pools={"llama", "mistral"})
+    assert view.queue_depth == {("llama", "bulk"): 3, ("mistral", "bulk"): 5}
+    assert view.predicted_wait_s == {("llama", "bulk"): 3.0, ("mistral", "bulk"): 0.5}
+    # Another reader's default: the old replica's lanes are its default pool's.
+    view = combine([old, new], default_pool="mistral", pools={"llama", "mistral"})
+    assert view.queue_depth == {("mistral", "bulk"): 7, ("llama", "bulk"): 1}

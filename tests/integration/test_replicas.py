@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 from msgspec.structs import replace
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import RedisSettings, Settings
 from gateway.tools.simulator import SimulatorConfig, start_simulator
@@ -379,3 +380,47 @@ async def test_a_retry_moved_within_a_non_default_pool_is_leased_there(
         assert gateway.state.in_flight == 0
     finally:
         await client.aclose()
+
+
+def fleet_in_flight(text: str) -> dict[str, float]:
+    """`gateway_fleet_in_flight` summed over lanes, by its `pool` label."""
+    by_pool: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "gateway_fleet_in_flight":
+            for sample in family.samples:
+                pool = sample.labels["pool"]
+                by_pool[pool] = by_pool.get(pool, 0.0) + sample.value
+    return by_pool
+
+
+async def test_each_replica_exports_every_model_pool_s_fleet_figures(
+    redis_server: RedisServer,
+    start_gateway: StartGateway,
+    start_simulator_at: StartSimulator,
+    http: aiohttp.ClientSession,
+) -> None:
+    """A beta stream on one replica: the other's /metrics has it in beta's fleet figures,
+    under the pool label `gateway_pool_*` uses, and none in alpha's."""
+    alpha = await start_simulator_at(model="alpha")
+    beta = await start_simulator_at(model="beta", decode_ms_per_seq=50.0)
+    served = [["alpha"], ["beta"]]
+
+    def configure(settings: Settings) -> Settings:
+        backends = [replace(b, models=m) for b, m in zip(settings.backends, served, strict=True)]
+        return replace(shared(redis_server.url, tick_s=0.2)(settings), backends=backends)
+
+    x, y = [
+        await start_gateway([alpha, beta], max_concurrency=SLOTS, configure=configure)
+        for _ in range(2)
+    ]
+    body = {**chat("Tell me a story.", stream=True, max_tokens=100), "model": "beta"}
+    async with http.post(x.url + ROUTE, json=body) as response:
+        assert response.status == 200
+        await response.content.readline()  # running on beta's backend, for ~5 s
+
+        async def y_sees_it() -> bool:
+            async with http.get(y.url + "/metrics") as metrics:
+                return fleet_in_flight(await metrics.text()) == {"alpha": 0.0, "beta": 1.0}
+
+        await eventually(y_sees_it, within_s=3)
+        await response.read()
