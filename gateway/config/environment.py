@@ -83,10 +83,11 @@ def _apply_env_indexed(
     index_text, _, key = rest.partition("_")
     if not index_text.isdigit() or int(index_text) >= len(data.get(array) or []):
         raise ConfigError(f"{name}: expected <index>_<key> with an index of an existing entry")
-    entry: tuple[str | int, ...] = (array, int(index_text))
+    index = int(index_text)
+    entry: KeyPath = (array, index)
     table = _sub_table(entry, key)
     if table is not None:
-        owner = data[array][int(index_text)]
+        owner = data[array][index]
         if owner.get(table) is None:  # unset in the file: the table starts empty
             owner[table] = {}
         entry, key = (*entry, table), key[len(table) + 1 :]
@@ -98,18 +99,16 @@ def _sub_table(entry: KeyPath, key: str) -> str | None:
     "limits_max_prompt_tokens"), if `key` is not one of the entry's own keys."""
     if type_at([*entry, key]) is not None:
         return None
-    for field in mi_fields(type_at(list(entry))):
-        if key.startswith(field + "_") and isinstance(
-            unwrap(type_at([*entry, field])), mi.StructType
-        ):
-            return field
-    return None
-
-
-def mi_fields(kind: mi.Type | None) -> list[str]:
-    """The field names of a struct type (none for anything else)."""
-    base = unwrap(kind) if kind is not None else None
-    return [f.name for f in base.fields] if isinstance(base, mi.StructType) else []
+    kind = unwrap(type_at(list(entry)))
+    fields = kind.fields if isinstance(kind, mi.StructType) else ()
+    return next(
+        (
+            f.name
+            for f in fields
+            if key.startswith(f.name + "_") and isinstance(unwrap(f.type), mi.StructType)
+        ),
+        None,
+    )
 
 
 def _set_from_env(
