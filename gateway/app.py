@@ -88,7 +88,11 @@ def build_app(
         sizer=default.sizer,
         pools=router,
         shadow=ShadowMirror(
-            settings.shadow, settings.timeouts, scheduler=scheduler, metrics=metrics, events=events
+            settings.shadow,
+            settings.timeouts,
+            default_pool=router.default.name,
+            metrics=metrics,
+            events=events,
         ),
         retries=RetryMemory(
             settings.retries.window_s,

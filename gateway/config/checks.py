@@ -160,4 +160,11 @@ def consistency_warnings(settings: Settings) -> list[str]:
             "[shadow].url is also a [[backends]] url: the mirrors would compete with the "
             "primary's own requests on that engine; point it at the candidate"
         )
+    named = {m for b in s.backends for m in b.models} | {m.name for m in s.models}
+    unnamed = sorted(set(s.shadow.models) - named)
+    if unnamed and s.backends and all(b.models for b in s.backends):
+        warnings.append(
+            f"[shadow].models: {', '.join(unnamed)} is named by no backend and no [[models]] "
+            "entry: only an adapter a backend lists at run time can match it"
+        )
     return warnings

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+from msgspec import field
 
 from gateway.config.constraints import Positive, PositiveFloat, rule
 
@@ -24,6 +25,13 @@ class ShadowSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     name: str = ""
     #: Sent as the body's `model` on OpenAI routes (the candidate serves another name).
     model: str | None = None
+    #: Whose requests are mirrored: those asking for one of these names, or sent to one
+    #: (an alias's target); a request naming no model (TGI's routes) asks for its pool's.
+    #: Empty: the default pool's requests (every request, with one pool). With several
+    #: models a candidate is a candidate for some of them, never for another's traffic.
+    models: list[Annotated[str, rule("be a non-empty name", min_length=1)]] = field(
+        default_factory=list
+    )
     #: Sent to the candidate as `Authorization: Bearer ...`.
     api_key: str | None = None
     #: Share of dispatched requests mirrored. With a url set, all of them by default: the

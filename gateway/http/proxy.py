@@ -451,7 +451,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 trace=record.trace,
             )
 
-        state.shadow.offer(record, dialect, shape, backend_body)  # sync: mirrors on its own task
+        state.shadow.offer(record, dialect, shape, backend_body, route)  # sync: its own task
         response = await dispatch(
             request,
             record,

@@ -16,12 +16,16 @@ The shadow must never cost the primary anything, so the rules are:
 - The candidate is not a member of the backend pool: it takes no lane slot, no
   prefill budget and no pooled connection; it has its own session and its own
   `max_concurrency`, over which a mirror is dropped, not queued.
-- It is dropped first under load: while any lane has requests waiting in its
-  queue, or the event loop runs late (the gateway itself is the bottleneck), new
-  mirrors are dropped. Every drop is counted by reason in
+- It is dropped first under load: while any lane of the request's pool has
+  requests waiting in its queue, or the event loop runs late (the gateway itself
+  is the bottleneck), new mirrors are dropped. Every drop is counted by reason in
   `gateway_shadow_requests_total{result=...}`.
 - Its failures are a count and a warning line, never the primary's failure; at
   shutdown the mirrors still running are aborted.
+
+With several models behind the gateway, a candidate stands in for some of them:
+only the requests of `[shadow] models` (as asked, or as sent: an alias's target)
+are mirrored, by default the default pool's, never another model's traffic.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
     from gateway.admission.admit import RequestShape
     from gateway.dialects.base import Dialect
     from gateway.observability.metrics import GatewayMetrics
-    from gateway.scheduling.scheduler import Scheduler
+    from gateway.upstream.models import Route
 
 #: The `result` label of gateway_shadow_requests_total: how each sampled mirror ended.
 OK = "ok"
@@ -163,6 +167,8 @@ def comparison(record: RequestRecord, shadow: ShadowResult, shadow_name: str) ->
     return {
         "request_id": record.request_id,
         "route": record.route,
+        "model": record.model,
+        "pool": record.pool,
         "lane": record.lane,
         "stream": record.stream,
         "primary_backend": record.backend,
@@ -234,7 +240,7 @@ class ShadowMirror:
         settings: ShadowSettings,
         timeouts: TimeoutSettings,
         *,
-        scheduler: Scheduler,
+        default_pool: str,
         metrics: GatewayMetrics,
         events: Any,
         rng: random.Random | None = None,
@@ -244,7 +250,9 @@ class ShadowMirror:
         self.name = settings.name or urlparse(self.url).netloc or "shadow"
         self.enabled = bool(self.url) and settings.sample_rate > 0
         self._timeouts = timeouts
-        self._scheduler = scheduler
+        #: The pool whose requests are mirrored when `models` names none.
+        self._default_pool = default_pool
+        self._models = frozenset(settings.models)
         self._metrics = metrics
         self._events = events
         self._rng = rng or random.Random()
@@ -288,17 +296,39 @@ class ShadowMirror:
 
     # -- the hook on the primary's path ---------------------------------------------
 
+    def covers(self, asked: str | None, route: Route) -> bool:
+        """Whether a request for model `asked`, routed by `route`, is the candidate's to
+        mirror: it asked for one of `[shadow] models` or was sent one (an alias's target;
+        no name at all asks for its pool's models); with none listed, the default pool's."""
+        if not self._models:
+            return route.pool.name == self._default_pool
+        names = set(route.pool.serves) if asked is None else {asked}
+        if route.target is not None:
+            names.add(route.target)
+        return not self._models.isdisjoint(names)
+
     def offer(
-        self, record: RequestRecord, dialect: Dialect, shape: RequestShape, body: bytes
+        self,
+        record: RequestRecord,
+        dialect: Dialect,
+        shape: RequestShape,
+        body: bytes,
+        route: Route,
     ) -> None:
-        """Called once the primary was dispatched: maybe mirror it. Never awaits, never raises."""
+        """Called once the primary was dispatched: maybe mirror it. Never awaits, never raises.
+
+        `route`: where the primary went (its pool's queues say whether it is loaded)."""
         if not self.enabled:
             return
         try:
-            if self._session is None or self._rng.random() >= self.settings.sample_rate:
+            if (
+                self._session is None
+                or not self.covers(record.model, route)
+                or self._rng.random() >= self.settings.sample_rate
+            ):
                 return
             reason = drop_reason(
-                lanes_waiting=any(lane.queue for lane in self._scheduler.lanes),
+                lanes_waiting=any(lane.queue for lane in route.pool.scheduler.lanes),
                 loop_lag_s=self._lag.recent_s,
                 max_loop_lag_s=self.settings.max_loop_lag_s,
                 in_flight=self.in_flight,

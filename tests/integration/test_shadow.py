@@ -5,7 +5,9 @@ candidate.
 What is shown: mirrored requests reach the candidate (its own count) and leave a
 `shadow_compared` line with both sides' figures; the primary's answer is the same bytes
 with and without a shadow; a dead or hung candidate never fails nor slows a primary and
-is aborted at shutdown; with a lane queued, mirrors are dropped and counted.
+is aborted at shutdown; with a lane queued, mirrors are dropped and counted; with two
+models behind the gateway, only the candidate's model's requests (as asked or through an
+alias) are mirrored.
 """
 
 from __future__ import annotations
@@ -78,14 +80,27 @@ async def serve_gateway(http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIte
     started: list[GatewayProcess] = []
 
     async def start(
-        primary: str, *, slots: int = 4, shadow: dict[str, Any] | None = None, lane: str = ""
+        primary: str | dict[str, str],
+        *,
+        slots: int = 4,
+        shadow: dict[str, Any] | None = None,
+        lane: str = "",
+        extra: str = "",
     ) -> GatewayProcess:
+        """`primary`: one backend's URL, or a backend per model ({model: url})."""
         name = f"gw{len(started)}"
         config = tmp_path / f"{name}.toml"
-        text = (
-            "[health]\nprobe_on_start = false\n\n"  # tests count what reaches the simulators
-            f'[[backends]]\nurl = "{primary}"\nname = "primary"\nmax_concurrency = {slots}\n'
-        )
+        text = "[health]\nprobe_on_start = false\n\n"  # tests count what reaches the simulators
+        if isinstance(primary, str):
+            text += (
+                f'[[backends]]\nurl = "{primary}"\nname = "primary"\nmax_concurrency = {slots}\n'
+            )
+        for model, url in primary.items() if isinstance(primary, dict) else ():
+            text += (
+                f'[[backends]]\nurl = "{url}"\nname = "{model}"\nmodels = ["{model}"]\n'
+                f"max_concurrency = {slots}\n\n"
+            )
+        text += extra
         if lane:
             text += f"\n[[lanes]]\n{lane}\n"
         if shadow is not None:
@@ -326,3 +341,44 @@ async def test_while_a_lane_has_requests_queued_mirrors_are_dropped_and_counted(
     assert counts["error"] == 0 and counts["dropped_concurrency"] == 0
     mirrored = (await sim_json(http, candidate, "/sim/stats"))["received"]
     assert mirrored == counts["ok"] >= 1
+
+
+async def test_with_two_models_only_the_candidates_models_requests_are_mirrored(
+    start_simulator_at: StartSimulator, serve_gateway: ServeGateway, http: aiohttp.ClientSession
+) -> None:
+    """A candidate for `chat` behind a gateway that also serves `code`: it gets the requests
+    asking for `chat` and for the alias `assistant` (whose target is `chat`), and none of
+    `code`'s, whose candidate it is not; each line names the model asked and its pool."""
+    chat_sim = await start_simulator_at(model="chat", strict_model=True)
+    code_sim = await start_simulator_at(model="code", strict_model=True)
+    candidate = await start_simulator_at(model="candidate")
+    gateway = await serve_gateway(
+        {"chat": chat_sim, "code": code_sim},
+        shadow={"url": candidate, "model": "candidate", "models": ["chat"]},
+        extra='[[models]]\nname = "assistant"\ntarget = "chat"\n',
+    )
+    asked = ["chat", "code", "assistant", "code", "chat", "code"]
+    for index, model in enumerate(asked):
+        body = {**chat(f"Question {index}.", max_tokens=6, stream=index % 2 == 0), "model": model}
+        status, _, raw, _ = await send(
+            http, gateway.url, "/v1/chat/completions", body, f"{model}-{index}"
+        )
+        assert status == 200, raw
+    mirrored_ids = [f"{m}-{i}" for i, m in enumerate(asked) if m != "code"]
+
+    async def all_compared() -> bool:
+        return len(gateway.events()) == len(mirrored_ids)
+
+    await eventually(all_compared)
+    seen = (await sim_json(http, candidate, "/sim/requests"))["requests"]
+    assert sorted(r["request_id"] for r in seen) == sorted(mirrored_ids)
+    assert (await sim_json(http, code_sim, "/sim/stats"))["received"] == 3
+    lines = {line["request_id"]: line for line in gateway.events()}
+    assert sorted(lines) == sorted(mirrored_ids)
+    for request_id, line in lines.items():
+        assert line["model"] == request_id.split("-")[0] and line["pool"] == "chat", line
+        assert line["shadow_outcome"] == "ok", line
+    await asyncio.sleep(0.3)  # nothing more arrives late
+    assert len(gateway.events()) == len(mirrored_ids)
+    counts = await gateway.shadow_counts(http)
+    assert counts["ok"] == len(mirrored_ids) and counts["dropped_queued"] == 0

@@ -118,6 +118,10 @@ def test_absent_figures_stay_null_never_made_up() -> None:
 
 def test_shadow_is_off_by_default_and_a_url_alone_turns_it_on_for_all() -> None:
     assert load_settings(env={}).shadow.url == ""
+    assert load_settings(env={"GATEWAY_SHADOW_MODELS": "chat, code"}).shadow.models == [
+        "chat",
+        "code",
+    ]
     settings = load_settings(env={"GATEWAY_SHADOW_URL": "http://127.0.0.1:9"}).shadow
     assert (settings.url, settings.sample_rate, settings.max_concurrency) == (
         "http://127.0.0.1:9",
@@ -179,13 +183,25 @@ class FreeSlots:
         pass
 
 
+def route_to(pool: str, serves: tuple[str, ...] = (), target: str | None = None) -> Any:
+    """A route into a pool of its own scheduler (what the mirror reads of a `Route`)."""
+    scheduler = Scheduler([LaneSettings(name="only")], {"only": 8}, FreeSlots())
+    return SimpleNamespace(
+        pool=SimpleNamespace(name=pool, serves=frozenset(serves), scheduler=scheduler),
+        target=target,
+    )
+
+
+#: Where the unit tests' primaries go: the default pool, which `models = []` mirrors.
+DEFAULT = route_to("*")
+
+
 def mirror(url: str, **knobs: Any) -> tuple[ShadowMirror, GatewayMetrics, io.StringIO]:
     metrics, events = GatewayMetrics(), io.StringIO()
-    scheduler = Scheduler([LaneSettings(name="only")], {"only": 8}, FreeSlots())
     mirror = ShadowMirror(
         ShadowSettings(url=url, **knobs),
         TimeoutSettings(total_s=30.0),
-        scheduler=scheduler,
+        default_pool="*",
         metrics=metrics,
         events=make_logger(events),
         rng=random.Random(1),
@@ -244,7 +260,7 @@ async def test_off_without_a_url_or_with_no_share() -> None:
     for url, rate in (("", 1.0), ("http://127.0.0.1:9", 0.0)):
         off, metrics, events = mirror(url, sample_rate=rate)
         await off.start()
-        off.offer(new_record(0, False), CHAT, shape, b"{}")
+        off.offer(new_record(0, False), CHAT, shape, b"{}", DEFAULT)
         assert not off.enabled and off.in_flight == 0 and not off._tasks
         assert counts(metrics) == {} and events.getvalue() == ""
         await off.stop()
@@ -255,11 +271,12 @@ async def test_sampled_share_is_about_the_rate_and_unsampled_are_not_counted() -
     none is sent: the count is the sample."""
     sampler, metrics, _ = mirror("http://127.0.0.1:9", sample_rate=0.25)
     waiter = SimpleNamespace(tenant="default", enqueued_at=0.0, prompt_tokens=1)
-    sampler._scheduler.lane("only").queue.push(waiter)  # type: ignore[arg-type]
+    queued = route_to("*")
+    queued.pool.scheduler.lane("only").queue.push(waiter)
     await sampler.start()
     shape = await shape_of(chat(max_tokens=2))
     for index in range(2000):
-        sampler.offer(new_record(index, False), CHAT, shape, b"{}")
+        sampler.offer(new_record(index, False), CHAT, shape, b"{}", queued)
     sampled = counts(metrics)[shadow.DROPPED_QUEUED]
     assert 400 <= sampled <= 600, sampled
     assert sampler.in_flight == 0
@@ -275,7 +292,7 @@ async def test_over_its_concurrency_a_mirror_is_dropped_and_shutdown_aborts_the_
     shape = await shape_of(chat(max_tokens=2))
     body = msgspec.json.encode(shape.body)
     for index in range(5):
-        hung.offer(new_record(index, False), CHAT, shape, body)
+        hung.offer(new_record(index, False), CHAT, shape, body, DEFAULT)
     assert hung.in_flight == 3
     for _ in range(100):
         if len(seen) == 3:
@@ -303,11 +320,11 @@ async def test_while_the_loop_runs_late_new_mirrors_are_dropped() -> None:
     await late.start()
     await asyncio.sleep(0.15)  # the probe's first samples: an idle loop
     shape = await shape_of(chat(max_tokens=2))
-    late.offer(new_record(0, False), CHAT, shape, b"{}")
+    late.offer(new_record(0, False), CHAT, shape, b"{}", DEFAULT)
     assert counts(metrics)[shadow.DROPPED_LOOP_LAG] == 0
     time.sleep(0.3)  # noqa: ASYNC251 - the point: the loop is blocked
     await asyncio.sleep(0.15)  # the probe wakes 0.3 s late and says so
-    late.offer(new_record(1, False), CHAT, shape, b"{}")
+    late.offer(new_record(1, False), CHAT, shape, b"{}", DEFAULT)
     assert counts(metrics)[shadow.DROPPED_LOOP_LAG] == 1
     await late.stop()
 
@@ -325,7 +342,7 @@ async def test_a_streamed_mirror_is_measured_like_the_primary(
     record = new_record(0, True)
 
     async def primary() -> None:
-        measured.offer(record, CHAT, shape, body)
+        measured.offer(record, CHAT, shape, body, DEFAULT)
         await asyncio.sleep(0.6)  # the primary streams longer than the candidate
         record.first_token, record.end = record.dispatched + 0.05, clock()  # type: ignore[operator]
         record.completion_tokens, record.status, record.outcome = 12, 200, Outcome.OK
@@ -342,3 +359,62 @@ async def test_a_streamed_mirror_is_measured_like_the_primary(
     assert line["primary_completion_tokens"] == 12 and line["primary_e2e_ms"] >= 500
     assert counts(metrics)[shadow.OK] == 1
     await measured.stop()
+
+
+# --------------------------------------------------------------- several models, one candidate
+
+
+def test_without_models_only_the_default_pools_requests_are_the_candidates() -> None:
+    every, _, _ = mirror("http://127.0.0.1:9")
+    assert every.covers("sim-model", DEFAULT) and every.covers(None, DEFAULT)
+    assert not every.covers("code", route_to("code", ("code",)))
+
+
+def test_listed_models_match_as_asked_as_sent_or_by_the_pool_of_a_nameless_request() -> None:
+    chat_only, _, _ = mirror("http://127.0.0.1:9", models=["llama-3-8b", "chat"])
+    llama = route_to("llama-3-8b", ("llama-3-8b",))
+    assert chat_only.covers("llama-3-8b", llama)
+    assert chat_only.covers("chat", route_to("qwen", ("qwen",), target="qwen"))  # the alias
+    assert chat_only.covers("canary", route_to("x", ("llama-3-8b",), target="llama-3-8b"))
+    assert chat_only.covers(None, llama)  # TGI's routes: its pool's model
+    assert not chat_only.covers("code", route_to("code", ("code",)))
+    assert not chat_only.covers(None, route_to("code", ("code",)))
+    # The default pool is no exception once models are listed.
+    assert not chat_only.covers("sim-model", DEFAULT)
+
+
+async def test_another_models_traffic_is_never_mirrored_nor_counted() -> None:
+    only_chat, metrics, _ = mirror("http://127.0.0.1:9", models=["chat"])
+    await only_chat.start()
+    shape = await shape_of(chat(max_tokens=2))
+    only_chat.offer(new_record(0, False), CHAT, shape, b"{}", route_to("code", ("code",)))
+    assert only_chat.in_flight == 0 and not only_chat._tasks
+    assert sum(counts(metrics).values()) == 0
+    await only_chat.stop()
+
+
+async def test_a_queue_in_the_requests_own_pool_drops_it_not_one_in_another() -> None:
+    mirrors, metrics, _ = mirror(f"http://127.0.0.1:{free_port()}", models=["a", "b"])
+    await mirrors.start()
+    loaded, calm = route_to("a", ("a",)), route_to("b", ("b",))
+    waiter = SimpleNamespace(tenant="default", enqueued_at=0.0, prompt_tokens=1)
+    loaded.pool.scheduler.lane("only").queue.push(waiter)
+    shape = await shape_of(chat(max_tokens=2))
+    record_a, record_b = new_record(0, False), new_record(1, False)
+    record_a.model, record_b.model = "a", "b"
+    mirrors.offer(record_a, CHAT, shape, b"{}", loaded)
+    assert counts(metrics)[shadow.DROPPED_QUEUED] == 1 and mirrors.in_flight == 0
+    mirrors.offer(record_b, CHAT, shape, b"{}", calm)
+    assert counts(metrics)[shadow.DROPPED_QUEUED] == 1 and mirrors.in_flight == 1
+    await mirrors.stop()
+
+
+def test_a_shadow_model_no_backend_names_is_warned_about() -> None:
+    backends = [BackendSettings(url="http://10.0.0.1:8000", name="a", models=["chat"])]
+    typo = Settings(backends=backends, shadow=ShadowSettings(url="http://c:1", models=["caht"]))
+    assert any("[shadow].models: caht" in w for w in consistency_warnings(typo))
+    named = Settings(backends=backends, shadow=ShadowSettings(url="http://c:1", models=["chat"]))
+    assert not any("[shadow]" in w for w in consistency_warnings(named))
+    catch_all = [BackendSettings(url="http://10.0.0.1:8000", name="a")]
+    anything = Settings(backends=catch_all, shadow=ShadowSettings(url="http://c:1", models=["x"]))
+    assert not any("[shadow]" in w for w in consistency_warnings(anything))
