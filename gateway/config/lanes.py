@@ -35,6 +35,11 @@ class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     #: waits, down to this floor (so it is never starved). Never all the slots the two
     #: share: on one slot the lanes are strict priority (and promotion).
     min_slots: NonNegative = 1
+    #: While this lane is active, the lanes below it leave it the slots its measured demand
+    #: needs so that an arrival finds them all busy at most this often (its headroom, for
+    #: bursts). Higher: fewer slots kept idle for it, more for the lanes below (their
+    #: requests wait less for a slot at moderate load, this lane's bursts more); 1: none.
+    headroom_wait_probability: Annotated[float, rule("be in (0, 1]", gt=0, le=1)] = 0.1
     #: Most requests one tenant may have queued in this lane; an arrival over it gets
     #: 429 queue_full at once. 0: no cap of its own (the lane's fair share of
     #: max_queue_depth still applies when the queue is full).

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 
-#: An arrival finds every slot of its lane's headroom busy at most this often.
+#: An arrival finds every slot of its lane's headroom busy at most this often (the lane's
+#: `headroom_wait_probability`, this by default).
 WAIT_PROBABILITY = 0.1
 #: A lane with no arrival for this long is quiet: it needs no headroom.
 QUIET_S = 10.0
@@ -50,8 +51,9 @@ def erlang_c(servers: int, load: float) -> float:
 def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
     """The fewest slots (at most `most`) with which `load` Erlangs wait at most that often.
 
-    One pass of Erlang B's recursion over the number of slots: O(slots)."""
-    if load <= 0 or most <= 0:
+    One pass of Erlang B's recursion over the number of slots: O(slots). A probability
+    of 1 (every arrival may wait) needs none."""
+    if load <= 0 or most <= 0 or wait_probability >= 1:
         return 0
     blocked = 1.0
     for slots in range(1, most + 1):

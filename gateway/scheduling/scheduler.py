@@ -709,7 +709,11 @@ class Scheduler:
         release (its rate, its hold time or both changed)."""
         hold = lane.hold_ewma_s
         lane.demand_slots = 0.0 if hold is None else lane.arrivals.per_s(now) * hold
-        lane.headroom = slots_needed(lane.demand_slots, min(lane.slot_limit, lane.capacity))
+        lane.headroom = slots_needed(
+            lane.demand_slots,
+            min(lane.slot_limit, lane.capacity),
+            lane.settings.headroom_wait_probability,
+        )
 
     def headroom_figures(self, name: str) -> dict[str, float | int]:
         """What lane `name`'s headroom is made of, and what it leaves the lanes below

@@ -75,6 +75,29 @@ async def test_headroom_follows_the_higher_lanes_arrival_rate() -> None:
         scheduler.release(grant)
 
 
+async def test_a_higher_tolerated_wait_keeps_fewer_slots_and_one_keeps_none() -> None:
+    """The same demand (2 Erlangs on 8 slots), three tolerances: the headroom shrinks as
+    the higher lane's arrivals may find it busy more often, and 1 leaves the lower lane
+    every slot."""
+    kept = []
+    for probability in (0.1, 0.5, 1.0):
+        clock = Clock()
+        scheduler, source = make(
+            8, interactive={"headroom_wait_probability": probability}, clock=clock
+        )
+        await arrive(scheduler, clock, "interactive", 32, every_s=0.5, hold_s=1.0)
+        kept.append(scheduler.reserved_slots("bulk"))
+        bulk = [await asyncio.wait_for(scheduler.acquire("bulk"), 1) for _ in range(8 - kept[-1])]
+        extra = asyncio.create_task(scheduler.acquire("bulk"))
+        await settle()
+        assert not extra.done() and source.free == kept[-1]  # those slots: the headroom
+        extra.cancel()
+        for grant in bulk:
+            scheduler.release(grant)
+    assert kept[0] > kept[1] > kept[2] == 0, kept
+    assert erlang_c(kept[1], 2.0) <= 0.5 < erlang_c(kept[1] - 1, 2.0)
+
+
 async def test_a_quiet_higher_lane_keeps_no_headroom_and_the_waiter_is_served() -> None:
     clock = Clock()
     scheduler, source = make(4, clock=clock)
