@@ -726,6 +726,7 @@ class Scheduler:
             "hold_s": round(lane.hold_ewma_s or 0.0, 3),
             "demand_slots": 0.0 if quiet else round(lane.demand_slots, 3),
             "headroom_slots": 0 if quiet else lane.headroom,
+            "wait_probability": lane.settings.headroom_wait_probability,
             "reserved_by_higher": self.reserved_slots(name),
             "may_hold": self._limit(lane, now),
             "floors_below": sum(self._floor(other, [lane]) for other in lane.lower),

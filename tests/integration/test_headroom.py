@@ -66,7 +66,7 @@ async def test_a_burst_of_shorts_while_longs_arrive_starts_at_once(
     async with http.get(gateway.url + "/debug/backends") as resp:
         lanes = {lane["lane"]: lane for lane in json.loads(await resp.read())["lanes"]}
     headroom = lanes["interactive"]["headroom"]
-    assert headroom["headroom_slots"] >= 3, headroom
+    assert headroom["headroom_slots"] >= 3 and headroom["wait_probability"] == 0.1, headroom
     assert lanes["bulk"]["headroom"]["may_hold"] == 8 - headroom["headroom_slots"]
     burst = [
         asyncio.create_task(streamed(http, gateway.url, chat(max_tokens=8), f"burst-{i}"))
