@@ -63,8 +63,8 @@ def checked(settings: Settings) -> Settings:
 def _check_models(s: Settings) -> None:
     """[[models]]: unique names, one way to name targets, at most one default, and every
     target served by some backend when the backends say what they serve."""
-    served = {m for b in s.backends for m in b.models}
-    catch_all = any(not b.models for b in s.backends) or not s.backends
+    served = _named_models(s)
+    catch_all = _has_catch_all(s)
     seen: set[str] = set()
     defaults = []
     for index, model in enumerate(s.models):
@@ -89,6 +89,16 @@ def _check_models(s: Settings) -> None:
     if len(defaults) > 1:
         raise ConfigError(f"[[models]]: more than one default ({', '.join(defaults)})")
     _check_model_limits(s)
+
+
+def _named_models(s: Settings) -> set[str]:
+    """The model names the backends say they serve."""
+    return {m for b in s.backends for m in b.models}
+
+
+def _has_catch_all(s: Settings) -> bool:
+    """Some backend serves any name (it lists none, or none is configured: the simulator)."""
+    return any(not b.models for b in s.backends) or not s.backends
 
 
 def _check_model_limits(s: Settings) -> None:
@@ -160,9 +170,8 @@ def consistency_warnings(settings: Settings) -> list[str]:
             "[shadow].url is also a [[backends]] url: the mirrors would compete with the "
             "primary's own requests on that engine; point it at the candidate"
         )
-    named = {m for b in s.backends for m in b.models} | {m.name for m in s.models}
-    unnamed = sorted(set(s.shadow.models) - named)
-    if unnamed and s.backends and all(b.models for b in s.backends):
+    unnamed = sorted(set(s.shadow.models) - _named_models(s) - {m.name for m in s.models})
+    if unnamed and not _has_catch_all(s):
         warnings.append(
             f"[shadow].models: {', '.join(unnamed)} is named by no backend and no [[models]] "
             "entry: only an adapter a backend lists at run time can match it"

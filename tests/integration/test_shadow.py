@@ -95,11 +95,12 @@ async def serve_gateway(http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIte
             text += (
                 f'[[backends]]\nurl = "{primary}"\nname = "primary"\nmax_concurrency = {slots}\n'
             )
-        for model, url in primary.items() if isinstance(primary, dict) else ():
-            text += (
-                f'[[backends]]\nurl = "{url}"\nname = "{model}"\nmodels = ["{model}"]\n'
-                f"max_concurrency = {slots}\n\n"
-            )
+        else:
+            for model, url in primary.items():
+                text += (
+                    f'[[backends]]\nurl = "{url}"\nname = "{model}"\nmodels = ["{model}"]\n'
+                    f"max_concurrency = {slots}\n\n"
+                )
         text += extra
         if lane:
             text += f"\n[[lanes]]\n{lane}\n"
