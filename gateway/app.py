@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
 
 import tiktoken
@@ -141,9 +141,14 @@ def build_app(
     return app
 
 
-def build_pools(settings: Settings, events: Any) -> ModelRouter:
+def build_pools(
+    settings: Settings, events: Any, clock_of: Callable[[], float] | None = None
+) -> ModelRouter:
     """A pool per served-model list (`upstream/models.py`), each with its own backends,
-    scheduler, health checks and sizer: one model's queue never delays another's."""
+    scheduler, health checks and sizer: one model's queue never delays another's.
+
+    `clock_of`: one clock for the pools and the schedulers (a replay's virtual time);
+    by default the pools read the monotonic clock and the schedulers the records' one."""
     groups: dict[str, list[BackendSettings]] = {}
     for backend in settings.backends:
         groups.setdefault(pool_key(backend.models), []).append(backend)
@@ -161,14 +166,14 @@ def build_pools(settings: Settings, events: Any) -> ModelRouter:
             },
             health=settings.health,
             routing=settings.routing,
-            clock=time.monotonic,
+            clock=clock_of or time.monotonic,
         )
         slots = {lane.name: pool.slots_of(lane.name) for lane in settings.lanes}
         scheduler = Scheduler(
             settings.lanes,
             {lane.name: slot_limit(lane, slots[lane.name]) for lane in settings.lanes},
             pool,
-            clock=clock,
+            clock=clock_of or clock,
             competes=pool.shares_backends,
             fair_share=settings.tenants.fair_share,
             capacities=slots,

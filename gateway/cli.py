@@ -98,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="replay traffic in virtual time: direct to engines vs through the gateway"
     )
     replay.add_arguments(replayed)
+    from gateway.tools import matrix
+
+    matrixed = commands.add_parser(
+        "matrix",
+        help="the defaults on a matrix of engines, mixes and loads in virtual time: direct, "
+        "gateway and the ideal scheduler against the engine floor",
+    )
+    matrix.add_arguments(matrixed)
     return parser
 
 
@@ -111,12 +119,16 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("simulate", "loadgen", "analyze", "replay"):
-        from gateway.tools import analyze, loadgen, replay, simulator
+    if args.command in ("simulate", "loadgen", "analyze", "replay", "matrix"):
+        from gateway.tools import analyze, loadgen, matrix, replay, simulator
 
-        tool = {"simulate": simulator, "loadgen": loadgen, "analyze": analyze, "replay": replay}[
-            args.command
-        ]
+        tool = {
+            "simulate": simulator,
+            "loadgen": loadgen,
+            "analyze": analyze,
+            "replay": replay,
+            "matrix": matrix,
+        }[args.command]
         return int(tool.main(args))
     try:
         settings = load_settings(

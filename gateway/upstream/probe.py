@@ -11,18 +11,18 @@ prompts are random words, so an engine's prompt cache cannot flatter them.
 from __future__ import annotations
 
 import random
-import time
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from gateway.upstream.pool import Backend
+
+if TYPE_CHECKING:
+    from gateway.upstream.questions import BackendQuestions
 
 #: Prompt sizes of the two probes (gateway tokens; common words are one token each).
 SHORT_PROBE_TOKENS = 32
 LONG_PROBE_TOKENS = 1024
 #: Each size is sent this many times: enough for the medians to replace the prior.
 PROBE_ROUNDS = 3
-PROBE_TIMEOUT_S = 120.0
 _WORDS = (
     "time people way year day thing man world life hand part child eye woman place work "
     "week case point number group problem fact water room mother area money story month "
@@ -34,36 +34,8 @@ def probe_prompt(tokens: int, rng: random.Random) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(tokens))
 
 
-async def first_token_s(
-    session: aiohttp.ClientSession, backend: Backend, model: str | None, prompt: str
-) -> float | None:
-    """Seconds from sending a streamed one-token completion to its first body bytes."""
-    body: dict[str, object] = {"prompt": prompt, "max_tokens": 1, "stream": True, "temperature": 0}
-    if model:
-        body["model"] = model
-    # A fresh connection each time: the probe reads only the first bytes, and a server
-    # such as llama.cpp's closes the connection after the answer (a pooled one would fail).
-    headers = {"Connection": "close", **(backend.auth_headers or {})}
-    started = time.perf_counter()
-    try:
-        async with session.post(
-            backend.url + "/v1/completions",
-            json=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
-        ) as resp:
-            if resp.status != 200:
-                return None
-            await resp.content.readany()
-            elapsed = time.perf_counter() - started
-            await resp.read()
-            return elapsed
-    except (aiohttp.ClientError, TimeoutError):
-        return None
-
-
 async def measure_prefill(
-    session: aiohttp.ClientSession,
+    questions: BackendQuestions,
     backend: Backend,
     model: str | None = None,
     seed: int | None = None,
@@ -82,7 +54,7 @@ async def measure_prefill(
         before = backend.dispatches
         if backend.in_flight:
             return measured
-        ttft = await first_token_s(session, backend, model, probe_prompt(tokens, rng))
+        ttft = await questions.first_token_s(backend, model, probe_prompt(tokens, rng), tokens)
         if ttft is None or backend.in_flight or backend.dispatches != before:
             return measured
         backend.model.observe_ttft(tokens, 0, ttft)

@@ -42,13 +42,8 @@ from gateway.scheduling.scheduler import LaneState, Scheduler
 from gateway.upstream.engine_timings import window_split
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.probe import measure_prefill
-from gateway.upstream.telemetry import (
-    BackendFacts,
-    EngineLoad,
-    fetch_adapters,
-    fetch_load,
-    probe_facts,
-)
+from gateway.upstream.questions import BackendQuestions, asked
+from gateway.upstream.telemetry import BackendFacts, EngineLoad
 
 #: Ask a backend what it is every this many health rounds (it rarely changes).
 FACTS_EVERY_ROUNDS = 12
@@ -94,27 +89,26 @@ class BackendSizer:
         self.floors: dict[str, float] = {}
         self._warned: dict[str, float] = {}
 
-    async def round(self, session: aiohttp.ClientSession) -> None:
+    async def round(self, through: aiohttp.ClientSession | BackendQuestions) -> None:
         """One sizing round: facts now and then, engine loads, then refit the lanes.
 
-        A failure here is a warning, never the end of the health checks.
+        `through`: the health checks' session (HTTP), or the questions answered by an
+        engine model (replay). A failure here is a warning, never the end of the checks.
         """
         try:
-            await self._round(session)
+            await self._round(asked(through))
         except Exception as error:  # noqa: BLE001 - sizing must not stop health checks
             self.events.warning("sizing_failed", error=repr(error)[:200])
 
-    async def _round(self, session: aiohttp.ClientSession) -> None:
+    async def _round(self, questions: BackendQuestions) -> None:
         facts_round = self._rounds % FACTS_EVERY_ROUNDS == 0
         if facts_round:
             for backend in self.pool.backends:
-                self.apply_facts(
-                    backend, await probe_facts(session, backend.url, backend.auth_headers)
-                )
+                self.apply_facts(backend, await questions.facts(backend))
         for backend in self.pool.backends:
             known = self._known[backend.name]
             if not facts_round and self._serves_lora(known):
-                listed = await fetch_adapters(session, backend.url, backend.auth_headers)
+                listed = await questions.adapters(backend)
                 if listed is not None:
                     backend.lora.note_listed(listed)
             if known.silent_scrapes >= 3 and self._rounds % SILENT_METRICS_BACKOFF:
@@ -122,23 +116,24 @@ class BackendSizer:
             # The scrape's time is taken before it: a request of ours that ends meanwhile
             # counts as ended after what the scrape saw.
             scraped_at = self.pool.clock()
-            load = await fetch_load(session, backend.url, backend.auth_headers)
+            load = await questions.load(backend)
             self.apply_load(backend, load)
             self._apply_lora(backend, load, scraped_at)
         self._rounds += 1
         self.refit()
 
-    async def warm_up(self, session: aiohttp.ClientSession) -> None:
+    async def warm_up(self, through: aiohttp.ClientSession | BackendQuestions) -> None:
         """At start: what each backend is, then its prefill measured; then refit, so a
         deadline below the engine floor is fitted (or warned about) before any traffic."""
+        questions = asked(through)
         try:
             for backend in self.pool.backends:
                 facts = self._known[backend.name].facts
                 if facts is None:  # the first health round may have asked already
-                    facts = await probe_facts(session, backend.url, backend.auth_headers)
+                    facts = await questions.facts(backend)
                     self.apply_facts(backend, facts)
                 if not backend.model.prefill_learned:
-                    await measure_prefill(session, backend, facts.model if facts else None)
+                    await measure_prefill(questions, backend, facts.model if facts else None)
             self.refit()
         except Exception as error:  # noqa: BLE001 - a failed warm-up leaves the priors
             self.events.warning("warm_up_failed", error=repr(error)[:200])

@@ -87,6 +87,9 @@ class BackendFacts:
     #: LoRA adapters it serves on its base model (`/v1/models` entries with a `parent`);
     #: None: it lists none.
     adapters: tuple[str, ...] | None = None
+    #: How it prefills, when it says: "chunked" (a long prompt over several steps beside
+    #: the batch's decoding) or "whole" (whole prompts in steps of their own).
+    prefill: str | None = None
 
     def merged(self, other: BackendFacts) -> BackendFacts:
         """These facts, with the gaps filled from `other` (the first source that says wins)."""
@@ -103,6 +106,7 @@ class BackendFacts:
             ),
             model=self.model if self.model is not None else other.model,
             adapters=self.adapters if self.adapters is not None else other.adapters,
+            prefill=self.prefill if self.prefill is not None else other.prefill,
         )
 
     @property
@@ -116,6 +120,7 @@ class BackendFacts:
                 self.max_input_tokens,
                 self.model,
                 self.adapters,
+                self.prefill,
             )
         )
 
@@ -290,12 +295,19 @@ def _name(value: Any) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
+#: How the project's own simulator names itself in its /props (`simulator.prefill` there
+#: says how it prefills).
+SIMULATOR_ENGINE = "simulator"
+PREFILL_KINDS = ("chunked", "whole")
+
+
 def facts_from_props(obj: Any) -> BackendFacts | None:
     """llama.cpp's `GET /props`: `total_slots` (its `--parallel`) and the per-slot context.
 
     `default_generation_settings.n_ctx` is one slot's context, which is what one request
     can use. In llama.cpp's router mode /props describes the router, not a model, and
-    has neither field: that reads as nothing known.
+    has neither field: that reads as nothing known. The project's simulator answers the
+    same fields, and a `simulator` object saying what it models.
     """
     if not isinstance(obj, dict):
         return None
@@ -305,6 +317,16 @@ def facts_from_props(obj: Any) -> BackendFacts | None:
     model = _name(obj.get("model_alias")) or _name(obj.get("model_path"))
     if slots is None and n_ctx is None:
         return BackendFacts(model=model) if model is not None else None
+    simulator = obj.get("simulator")
+    if isinstance(simulator, dict):
+        prefill = simulator.get("prefill")
+        return BackendFacts(
+            engine=SIMULATOR_ENGINE,
+            slots=slots,
+            context_tokens=n_ctx,
+            model=model,
+            prefill=prefill if prefill in PREFILL_KINDS else None,
+        )
     return BackendFacts(engine="llama.cpp", slots=slots, context_tokens=n_ctx, model=model)
 
 

@@ -164,18 +164,26 @@ async def test_metrics_show_the_engines_own_queue(
 async def test_props_tell_slots_and_context(
     simulator_process: StartProcess, http: aiohttp.ClientSession
 ) -> None:
-    url = await simulator_process("--max-batch", "3", "--max-model-len", "4096", "--model", "m/y")
+    url = await simulator_process(
+        "--max-batch", "3", "--max-model-len", "4096", "--model", "m/y", "--prefill", "whole"
+    )
     async with http.get(url + "/props") as resp:
         assert resp.status == 200
         props = await resp.json()
-    assert props == {
-        "total_slots": 3,
-        "default_generation_settings": {"n_ctx": 4096},
-        "model_path": "m/y",
-    }
-    # /props answers first, so the simulator reads as a llama.cpp; /info adds TGI's input cap.
+    assert props["total_slots"] == 3
+    assert props["default_generation_settings"] == {"n_ctx": 4096}
+    assert props["model_path"] == "m/y"
+    # It says what it is, and which engine it models: never mistaken for a llama.cpp.
+    assert props["build_info"].startswith("llm-tail-gateway simulator: 3 sequences a batch")
+    assert props["simulator"]["prefill"] == "whole"
+    # /props answers first; /info adds TGI's input cap.
     assert await probe_facts(http, url, None) == BackendFacts(
-        engine="llama.cpp", slots=3, context_tokens=4096, max_input_tokens=4095, model="m/y"
+        engine="simulator",
+        slots=3,
+        context_tokens=4096,
+        max_input_tokens=4095,
+        model="m/y",
+        prefill="whole",
     )
 
 

@@ -9,6 +9,7 @@ so the offered rate is 1.2 × that, times the backend count.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gateway.tools.replay.sources import Arrival
 from gateway.tools.simulator.config import SimulatorConfig
@@ -34,7 +35,7 @@ def scaled(arrivals: Sequence[Arrival], factor: float) -> list[Arrival]:
     """Arrival times divided by `factor` (2: twice the rate)."""
     if not factor > 0:
         raise ValueError(f"the rate factor must be > 0, got {factor}")
-    return [Arrival(a.at_s / factor, a.prompt_tokens, a.max_tokens, a.lane) for a in arrivals]
+    return [replace(a, at_s=a.at_s / factor) for a in arrivals]
 
 
 def speed_for_load(

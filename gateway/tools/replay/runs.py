@@ -1,33 +1,42 @@
 """The two runs on one virtual clock: straight to the engines, and through the gateway's code.
 
-The gateway run makes the calls `gateway/http/proxy.py` makes around a request, in its
-order: `admit` (caps, lane choice) → `pool.require_available` → `scheduler.acquire`
-(queue, predicted-wait refusals, queue timeout) → dispatch to the slot's backend → on the
-first token `scheduler.prefill_done` → at the end `split_time`/`learn_from` (the pool's
-learned prefill and TPOT) → `scheduler.release` (the slot back, the next one granted).
-The engines are the simulator's, unchanged, stepped by the virtual loop.
+The gateway run is wired as `serve` wires it (`app.build_pools`: a pool per model, its
+scheduler, its sizer learning the engines) and makes the calls `gateway/http/proxy.py`
+makes around a request, in its order: the model's pool → `admit` (caps, lane choice) →
+`pool.require_available` → the lane's prompt sizes → `scheduler.acquire` (queue,
+predicted-wait refusals, queue timeout) → dispatch to the slot's backend → on the first
+token `scheduler.prefill_done` → at the end `split_time`/`learn_from` (the pool's learned
+prefill and TPOT) → `scheduler.release` (the slot back, the next one granted). The
+sizer's rounds and the start-up probe run on the same clock. The engines are the
+simulator's, unchanged, stepped by the virtual loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from gateway.admission.admit import RequestShape, admit
+from gateway.app import build_pools
 from gateway.config import Settings
+from gateway.http.proxy import WAIT_FOR_SOONER_SHARE
+from gateway.observability.logs import make_logger, render_request_line
 from gateway.observability.record import RequestRecord
 from gateway.outcomes import Outcome, Refusal
-from gateway.scheduling.scheduler import Scheduler, WaitNote
+from gateway.scheduling.scheduler import WaitNote
+from gateway.tools.replay.answers import EngineAnswers, ModelledEngine, modelled_engines
 from gateway.tools.replay.sources import Arrival
 from gateway.tools.replay.vclock import run_virtual
 from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.engine import Engine, TokenEvent
 from gateway.tools.simulator.engine import Sequence as EngineSequence
 from gateway.upstream.learn import learn_from, split_time
-from gateway.upstream.pool import Backend, BackendPool
+from gateway.upstream.pool import RouteHint
+from gateway.upstream.sizing import BackendSizer
 
 #: The class of a request no lane admits (the gateway refuses it; direct, it is sent anyway).
 UNADMITTED = "unadmitted"
@@ -42,6 +51,8 @@ class Result:
     first_token: float | None = None
     end: float | None = None
     refused: str | None = None
+    #: The Retry-After its refusal carried (seconds).
+    retry_after_s: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -54,7 +65,7 @@ class Run:
     virtual_s: float = 0.0
 
 
-class _Watch:
+class TokenWatch:
     """Futures for a sequence's first and last token, fed by the engine's `on_token`."""
 
     def __init__(self, engines: Sequence[Engine]) -> None:
@@ -104,7 +115,7 @@ def shape_of(arrival: Arrival) -> RequestShape:
     )
 
 
-async def _feed(
+async def feed(
     arrivals: Sequence[Arrival],
     classes: Sequence[str],
     one: Callable[[int, Arrival, str], Coroutine[Any, Any, None]],
@@ -121,17 +132,19 @@ async def _feed(
     await asyncio.gather(*tasks)
 
 
-def _start_engines(n: int, config: SimulatorConfig) -> list[Engine]:
-    engines = [Engine(config) for _ in range(n)]
+def start_engines(n: int, config: SimulatorConfig | Sequence[SimulatorConfig]) -> list[Engine]:
+    configs = [config] * n if isinstance(config, SimulatorConfig) else list(config)
+    engines = [Engine(each) for each in configs]
     for engine in engines:
         engine.start()
     return engines
 
 
 async def _direct(arrivals: Sequence[Arrival], classes: Sequence[str], n: int,
-                  config: SimulatorConfig) -> Run:  # fmt: skip
-    engines = _start_engines(n, config)
-    watch = _Watch(engines)
+                  config: SimulatorConfig | Sequence[ModelledEngine]) -> Run:  # fmt: skip
+    modelled = modelled_engines(config, n)
+    engines = start_engines(n, [m.config for m in modelled])
+    watch = TokenWatch(engines)
     turn = itertools.count()
     run = Run()
 
@@ -140,13 +153,14 @@ async def _direct(arrivals: Sequence[Arrival], classes: Sequence[str], n: int,
         run.results.append(result)
         # A plain client: the engine holding the fewest, ties round-robin.
         start = next(turn) % n
-        engine = min((engines[(start + i) % n] for i in range(n)), key=lambda e: e.in_flight)
-        seq = engine.submit(arrival.prompt_tokens, arrival.max_tokens)
+        index = min(((start + i) % n for i in range(n)), key=lambda i: engines[i].in_flight)
+        prompt = modelled[index].config.backend_tokens(arrival.prompt_tokens)
+        seq = engines[index].submit(prompt, arrival.max_tokens)
         first, end = watch.track(seq)
         result.first_token = await first
         result.end = await end
 
-    await _feed(arrivals, classes, one)
+    await feed(arrivals, classes, one)
     run.virtual_s = asyncio.get_running_loop().time()
     for engine in engines:
         await engine.stop()
@@ -154,28 +168,31 @@ async def _direct(arrivals: Sequence[Arrival], classes: Sequence[str], n: int,
 
 
 async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings: Settings,
-                   config: SimulatorConfig) -> Run:  # fmt: skip
+                   config: SimulatorConfig | Sequence[ModelledEngine],
+                   log: TextIO | None = None) -> Run:  # fmt: skip
+    """Through the gateway as `serve` wires it (`app.build_pools`: a pool per model, each
+    with its scheduler and sizer), on the virtual clock: the sizer's rounds every health
+    interval and the start-up probe ask the engines as `HttpQuestions` would ask real ones
+    (`answers.py`), and each request takes the calls `http/proxy.py` makes, in its order."""
     loop = asyncio.get_running_loop()
-    pool = BackendPool(
-        [Backend.from_settings(b) for b in settings.backends],
-        lane_backends={lane.name: lane.backends for lane in settings.lanes},
-        health=settings.health,
-        routing=settings.routing,
-        clock=loop.time,
-    )
-    scheduler = Scheduler(
-        settings.lanes,
-        {lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes},
-        pool,
-        clock=loop.time,
-        competes=pool.shares_backends,
-        fair_share=settings.tenants.fair_share,
-        capacities={lane.name: pool.slots_of(lane.name) for lane in settings.lanes},
-    )
-    pool.on_available = scheduler.notify_capacity
-    engines = _start_engines(len(settings.backends), config)
-    by_backend = {b.name: e for b, e in zip(pool.backends, engines, strict=True)}
-    watch = _Watch(engines)
+    modelled = modelled_engines(config, len(settings.backends))
+    router = build_pools(settings, _quiet_events(), clock_of=loop.time)
+    backends = [backend for each in router.pools for backend in each.pool.backends]
+    by_name = {b.name: b for b in settings.backends}
+    engines = {
+        backend.name: modelled[settings.backends.index(by_name[backend.name])]
+        for backend in backends
+    }
+    started = start_engines(len(engines), [m.config for m in engines.values()])
+    running = dict(zip(engines, started, strict=True))
+    watch = TokenWatch(started)
+    answers = EngineAnswers({n: (engines[n], running[n]) for n in engines}, watch)
+    housekeeping = [
+        loop.create_task(_health_rounds(each.sizer, answers, settings.health.interval_s))
+        for each in router.pools
+    ]
+    if settings.health.probe_on_start:
+        housekeeping += [loop.create_task(each.sizer.warm_up(answers)) for each in router.pools]
     run = Run()
 
     async def one(index: int, arrival: Arrival, cls: str) -> None:
@@ -184,48 +201,92 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
         run.results.append(result)
         record = RequestRecord(f"replay-{index}", "/v1/chat/completions", now)
         record.stream, record.prompt_tokens = True, arrival.prompt_tokens
+        record.model = arrival.model
         grant = None
+        scheduler = router.default.scheduler
         try:
-            admission = admit(shape_of(arrival), settings, token_ratio=pool.token_ratio(None))
+            route = router.resolve(arrival.model)
+            pool, scheduler, sizer = route.pool.pool, route.pool.scheduler, route.pool.sizer
+            record.pool = route.pool.name
+            limits = sizer.in_force(route.limits)
+            admission = admit(
+                shape_of(arrival), settings, limits=limits, token_ratio=pool.token_ratio(None)
+            )
             lane, budget = admission.lane.name, admission.budget
             record.lane, record.max_tokens = lane, budget.max_tokens
             pool.require_available(lane)
+            sizer.prompt_sizes.add(lane, arrival.prompt_tokens)
             record.enqueued = loop.time()
-            grant = await scheduler.acquire(
-                lane, arrival.prompt_tokens, budget.total, note=WaitNote()
+            note = WaitNote()
+            hint = RouteHint(
+                wait_budget_s=WAIT_FOR_SOONER_SHARE * scheduler.deadline_for(lane),
+                model=arrival.model,
             )
+            try:
+                grant = await scheduler.acquire(
+                    lane, arrival.prompt_tokens, budget.total, note=note, hint=hint
+                )
+            finally:
+                record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
             record.dispatched = loop.time()
             record.attempts = 1
             record.backend = grant.slot.backend.name
-            engine = by_backend[grant.slot.backend.name]
-            seq = engine.submit(arrival.prompt_tokens, budget.max_tokens)
+            engine = engines[record.backend]
+            seq = running[record.backend].submit(
+                engine.config.backend_tokens(arrival.prompt_tokens), budget.max_tokens
+            )
             first, end = watch.track(seq)
             result.first_token = record.first_byte = record.first_token = await first
             scheduler.prefill_done(grant)
             result.end = record.end = await end
             record.completion_tokens = seq.generated
+            record.backend_prompt_tokens = seq.prompt_tokens
             record.outcome, record.status = Outcome.OK, 200
         except Refusal as refusal:
             result.refused = refusal.code
-            record.outcome = refusal.outcome
+            result.retry_after_s = refusal.retry_after_s
+            record.outcome, record.error_code = refusal.outcome, refusal.code
+            record.status, record.retry_after_s = 429, refusal.retry_after_s
         finally:
+            if record.end is None:
+                record.end = loop.time()
             if grant is not None:
                 record.timings = split_time(record, grant.slot)
                 learn_from(record, grant.slot)
                 scheduler.release(grant, arrival.prompt_tokens, record.completion_tokens or 0)
+            if log is not None:
+                log.write(render_request_line(record))
 
-    await _feed(arrivals, classes, one)
+    await feed(arrivals, classes, one)
     run.virtual_s = loop.time()
-    for engine in engines:
-        await engine.stop()
+    for task in housekeeping:
+        task.cancel()
+    await asyncio.gather(*housekeeping, return_exceptions=True)
+    for each in started:
+        await each.stop()
     return run
 
 
+async def _health_rounds(sizer: BackendSizer, answers: EngineAnswers, interval_s: float) -> None:
+    """The health monitor's rounds: one at start, then every interval (`HealthMonitor`)."""
+    while True:
+        await sizer.round(answers)
+        await asyncio.sleep(interval_s)
+
+
+def _quiet_events() -> Any:
+    """The lifecycle logger, silent (a replay prints its own table)."""
+    return make_logger(io.StringIO(), "error")
+
+
 def run_direct(arrivals: Sequence[Arrival], classes: Sequence[str], backends: int,
-               config: SimulatorConfig) -> Run:  # fmt: skip
+               config: SimulatorConfig | Sequence[ModelledEngine]) -> Run:  # fmt: skip
     return run_virtual(_direct(arrivals, classes, backends, config))
 
 
 def run_gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings: Settings,
-                config: SimulatorConfig) -> Run:  # fmt: skip
-    return run_virtual(_gateway(arrivals, classes, settings, config))
+                config: SimulatorConfig | Sequence[ModelledEngine],
+                log: TextIO | None = None) -> Run:  # fmt: skip
+    """`config`: one engine model for every backend, or one `ModelledEngine` per backend
+    (in the order of `settings.backends`); `log`: where the request lines go."""
+    return run_virtual(_gateway(arrivals, classes, settings, config, log))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -23,6 +23,8 @@ class Arrival:
     max_tokens: int
     #: The lane the source says it took (our log); None: the lanes' rules decide.
     lane: str | None = None
+    #: The model it asked for (our log): its pool; None: the default pool.
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,7 @@ def azure_trace(path: str | Path) -> list[Arrival]:
 
 def request_log(path: str | Path) -> Source:
     """Our log: a line's `timestamp` is its end, so arrival = timestamp - e2e_ms."""
-    starts: list[tuple[float, int, int, str | None]] = []
+    starts: list[tuple[float, int, int, str | None, str | None]] = []
     tpots: list[float] = []
     rates: list[float] = []
     with open(path) as f:
@@ -72,7 +74,16 @@ def request_log(path: str | Path) -> Source:
             end = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
             at = end - (fields.get("e2e_ms") or 0.0) / 1000.0
             output = fields.get("completion_tokens") or fields.get("max_tokens") or 1
-            starts.append((at, max(1, prompt), max(1, int(output)), fields.get("lane")))
+            model = fields.get("model")
+            starts.append(
+                (
+                    at,
+                    max(1, prompt),
+                    max(1, int(output)),
+                    fields.get("lane"),
+                    model if isinstance(model, str) else None,
+                )
+            )
             if isinstance(fields.get("tpot_ms"), int | float):
                 tpots.append(float(fields["tpot_ms"]))
             prefill = fields.get("prefill_ms")
@@ -82,7 +93,8 @@ def request_log(path: str | Path) -> Source:
         raise ValueError(f"{path}: no request lines with prompt_tokens and timestamp")
     first = min(s[0] for s in starts)
     arrivals = sorted(
-        (Arrival(at - first, p, m, lane) for at, p, m, lane in starts), key=lambda a: a.at_s
+        (Arrival(at - first, p, m, lane, model) for at, p, m, lane, model in starts),
+        key=lambda a: a.at_s,
     )
     return Source(
         arrivals,
@@ -94,8 +106,4 @@ def request_log(path: str | Path) -> Source:
 def time_slice(arrivals: list[Arrival], start_s: float, duration_s: float | None) -> list[Arrival]:
     """The arrivals in [start, start + duration), re-based to start at 0."""
     end = float("inf") if duration_s is None else start_s + duration_s
-    return [
-        Arrival(a.at_s - start_s, a.prompt_tokens, a.max_tokens, a.lane)
-        for a in arrivals
-        if start_s <= a.at_s < end
-    ]
+    return [replace(a, at_s=a.at_s - start_s) for a in arrivals if start_s <= a.at_s < end]

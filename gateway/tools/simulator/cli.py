@@ -21,6 +21,9 @@ from gateway.tools.simulator.server_logs import DEFAULT_INTERVAL_S, LOG_FORMATS,
 _CONFIG_HELP = {
     "max_batch": "most sequences running at once; the rest wait FIFO inside the engine",
     "prefill_tokens_per_step": "prompt tokens prefilled per step, FCFS across running sequences",
+    "prefill": "chunked: a long prompt is prefilled over several steps beside the batch's "
+    "decoding (vLLM, SGLang, llama.cpp); whole: a step prefills whole prompts up to the "
+    "per-step budget and pauses decoding (TGI)",
     "step_base_ms": "fixed time of one engine step",
     "prefill_ms_per_token": "step time added per prompt token prefilled in the step",
     "decode_ms_per_seq": "step time added per sequence decoding in the step",

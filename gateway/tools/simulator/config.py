@@ -22,6 +22,11 @@ from gateway.tools.simulator.prefix_cache import DEFAULT_BLOCK_TOKENS, PromptBlo
 DEFAULT_PREFIX_CACHE_BLOCKS = 16_384
 #: What the simulator tells of where each request's time went (`timings`, below).
 TIMINGS_MODES = ("vllm", "llamacpp", "none")
+#: How the engine prefills (`prefill`, below): prompts cut into chunks of a per-step token
+#: budget, first come first served across the batch (vLLM and SGLang; llama.cpp, whose
+#: budget is `n_batch`, 2048 by default), or whole prompts, several to a step up to the
+#: budget, with the batch's decoding paused meanwhile (TGI's token-budget batching).
+PREFILL_MODES = ("chunked", "whole")
 
 
 @dataclass(slots=True)
@@ -32,6 +37,12 @@ class SimulatorConfig:
     max_batch: int = 8
     #: Prompt tokens prefilled per step, taken FCFS across the running sequences.
     prefill_tokens_per_step: int = 512
+    #: "chunked": each step prefills up to `prefill_tokens_per_step` prompt tokens, a long
+    #: prompt over several steps, and decodes the rest of the batch (vLLM, SGLang,
+    #: llama.cpp); "whole": a step that prefills takes whole prompts, first come first
+    #: served, as many as fit in `prefill_tokens_per_step` (at least one), and nobody
+    #: decodes in it (TGI's prefill batches).
+    prefill: str = "chunked"
     #: Fixed cost of one step (scheduling, kernel launches, sampling).
     step_base_ms: float = 5.0
     #: Extra step time per prompt token prefilled in the step.
@@ -107,6 +118,10 @@ class SimulatorConfig:
             raise ValueError("at least one of the step time knobs must be > 0")
         if not self.model:
             raise ValueError("model must be a non-empty name")
+        if self.prefill not in PREFILL_MODES:
+            raise ValueError(
+                f"prefill must be one of {', '.join(PREFILL_MODES)}, got {self.prefill!r}"
+            )
         if self.timings not in TIMINGS_MODES:
             raise ValueError(
                 f"timings must be one of {', '.join(TIMINGS_MODES)}, got {self.timings!r}"
@@ -150,6 +165,19 @@ class SimulatorConfig:
         if not self.prefix_cache:
             return PromptBlocks(tokens=len(ids))
         return prompt_blocks(ids, self.block_tokens)
+
+    def describe(self) -> str:
+        """What engine this models, in one line (its /props and /info say it)."""
+        prefill = (
+            f"chunked prefill, {self.prefill_tokens_per_step} prompt tokens a step"
+            if self.prefill == "chunked"
+            else f"whole-prompt prefill batches of up to {self.prefill_tokens_per_step} tokens"
+        )
+        return (
+            f"llm-tail-gateway simulator: {self.max_batch} sequences a batch, {prefill}; "
+            f"step {self.step_base_ms:g} ms + {self.prefill_ms_per_token:g} ms a prompt token "
+            f"+ {self.decode_ms_per_seq:g} ms a decoding sequence"
+        )
 
     def step_ms(self, prefilled_tokens: int, decoding_seqs: int) -> float:
         """How long a step with this much work takes."""

@@ -1,4 +1,4 @@
-"""The simulator's engine: continuous batching with chunked, first-come-first-served prefill.
+"""The simulator's engine: continuous batching with first-come-first-served prefill.
 
 Real model servers (vLLM, TGI, llama.cpp) run one loop of *steps*. Each step
 prefills a bounded number of prompt tokens, taken from the running sequences in
@@ -6,7 +6,10 @@ arrival order, and decodes one token for every sequence whose prompt is done.
 That order is what makes head-of-line blocking: a short prompt that arrives
 while a long one is prefilling gets prefill budget only once the long one is
 through. This module reproduces exactly that and nothing cleverer, so a gateway
-tested against it meets the effect it exists to soften.
+tested against it meets the effect it exists to soften. Two ways of prefilling
+(`SimulatorConfig.prefill`): in chunks of the step's token budget beside the
+batch's decoding (vLLM, SGLang; llama.cpp, whose budget is `n_batch`), or in
+whole prompts that fill a step of their own while decoding waits (TGI).
 
 With the prefix cache on (as vLLM V1 and llama.cpp run by default), a sequence
 admitted to the batch first looks up its prompt's leading blocks: those cached
@@ -342,18 +345,10 @@ class Engine:
     async def step(self) -> None:
         """Admit, plan one step's work, take the step's time, then hand out its tokens."""
         swap_ms = self._admit()
-        budget = self.config.prefill_tokens_per_step
-        prefills: list[tuple[Sequence, int]] = []
-        decodes: list[Sequence] = []
-        for seq in self.running:  # admission order, so prefill budget goes first come first served
-            remaining = seq.prefill_target - seq.prefilled
-            if remaining > 0:
-                if budget > 0:
-                    take = min(remaining, budget)
-                    budget -= take
-                    prefills.append((seq, take))
-            else:
-                decodes.append(seq)
+        if self.config.prefill == "whole":
+            prefills, decodes = self._plan_whole()
+        else:
+            prefills, decodes = self._plan_chunked()
         prefilled = sum(take for _, take in prefills)
         step_s = (self.config.step_ms(prefilled, len(decodes)) + swap_ms) / 1000.0
         # Back-to-back steps start where the previous one was due to end, so the event loop's
@@ -379,6 +374,42 @@ class Engine:
         for seq in decodes:
             if seq.state == "running":
                 self._emit(seq, now)
+
+    def _plan_chunked(self) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
+        """This step's prefill chunks and decodes: the budget goes to the running prompts in
+        admission order (first come first served), a long one taking it over several steps;
+        every sequence whose prompt is done decodes beside them."""
+        budget = self.config.prefill_tokens_per_step
+        prefills: list[tuple[Sequence, int]] = []
+        decodes: list[Sequence] = []
+        for seq in self.running:
+            remaining = seq.prefill_target - seq.prefilled
+            if remaining > 0:
+                if budget > 0:
+                    take = min(remaining, budget)
+                    budget -= take
+                    prefills.append((seq, take))
+            else:
+                decodes.append(seq)
+        return prefills, decodes
+
+    def _plan_whole(self) -> tuple[list[tuple[Sequence, int]], list[Sequence]]:
+        """TGI's batching: a step with prompts to prefill takes whole ones, first come first
+        served, while they fit in the budget (the first one whatever its size), and the
+        batch's decoding waits for it; a step with none decodes."""
+        budget = self.config.prefill_tokens_per_step
+        prefills: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            remaining = seq.prefill_target - seq.prefilled
+            if remaining <= 0:
+                continue
+            if prefills and remaining > budget:
+                break  # first come first served: nobody overtakes the prompt that does not fit
+            prefills.append((seq, remaining))
+            budget -= remaining
+        if prefills:
+            return prefills, []
+        return [], list(self.running)
 
     def _admit(self) -> float:
         """Fill the batch first come first served; the milliseconds of adapter loads it took.

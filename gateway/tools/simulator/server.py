@@ -271,12 +271,23 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 async def _props(request: web.Request) -> web.Response:
-    """llama.cpp's /props, the fields that say the server's size: slots and their context."""
+    """llama.cpp's /props, the fields that say the server's size (slots and their context),
+    and what it is: `build_info` (llama.cpp's names its build) and a `simulator` object
+    with the engine it models, so nobody mistakes it for a llama.cpp server."""
     config = request.app[CONFIG_KEY]
     return web.json_response(
         {
             "total_slots": config.max_batch,
             "default_generation_settings": {"n_ctx": config.max_model_len},
             "model_path": config.model,
+            "build_info": config.describe(),
+            "simulator": {
+                "prefill": config.prefill,
+                "prefill_tokens_per_step": config.prefill_tokens_per_step,
+                "max_batch": config.max_batch,
+                "step_base_ms": config.step_base_ms,
+                "prefill_ms_per_token": config.prefill_ms_per_token,
+                "decode_ms_per_seq": config.decode_ms_per_seq,
+            },
         }
     )

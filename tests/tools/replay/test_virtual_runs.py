@@ -49,12 +49,13 @@ def test_the_engine_times_steps_on_the_virtual_clock() -> None:
 def test_a_lone_request_is_served_alike_direct_and_through_the_gateway() -> None:
     config = SimulatorConfig()
     settings = settings_for(None, 1, config.max_batch)
-    arrivals = [Arrival(1.0, 100, 10)]
+    # A minute in: the gateway's start-up probe of the engine is over.
+    arrivals = [Arrival(60.0, 100, 10)]
     classes = [classify(a, settings) for a in arrivals]
     direct = run_direct(arrivals, classes, 1, config).results[0]
     gateway = run_gateway(arrivals, classes, settings, config).results[0]
     assert direct.ttft_s == pytest.approx(gateway.ttft_s) == pytest.approx(0.055)
-    assert direct.arrival == gateway.arrival == 1.0
+    assert direct.arrival == gateway.arrival == 60.0
 
 
 def test_the_gateway_puts_short_prompts_ahead_of_a_burst_of_long_ones() -> None:

@@ -151,3 +151,38 @@ async def test_engine_prefills_first_come_first_served_in_chunks():
     assert long_seq.state == short_seq.state == "completed"
     assert long_seq.first_token == short_seq.first_token
     assert engine.stats()["completed"] == 2
+
+
+async def test_whole_prompt_engine_prefills_in_steps_of_its_own():
+    """TGI's batching: whole prompts, first come first served, while they fit in the step's
+    budget; the batch's decoding waits for a step that prefills."""
+    config = SimulatorConfig(
+        prefill="whole", prefill_tokens_per_step=1000, step_base_ms=1, prefill_ms_per_token=0
+    )
+    engine = Engine(config)
+    decoding = engine.submit(10, 5)
+    await engine.step()  # its prompt alone, whole
+    assert (decoding.prefilled, decoding.generated) == (10, 1)
+    long_seq = engine.submit(900, 1)
+    short_seq = engine.submit(50, 1)
+    over = engine.submit(200, 1)  # 900 + 50 + 200 is over the budget: next step
+    await engine.step()
+    assert long_seq.state == short_seq.state == "completed"  # prefilled together
+    assert over.prefilled == 0
+    assert decoding.generated == 1  # nobody decodes in a prefill step
+    await engine.step()
+    assert over.state == "completed" and decoding.generated == 1
+    await engine.step()  # nothing left to prefill: the batch decodes
+    assert decoding.generated == 2
+
+
+async def test_whole_prompt_engine_takes_a_prompt_over_its_budget_alone():
+    config = SimulatorConfig(
+        prefill="whole", prefill_tokens_per_step=100, step_base_ms=1, prefill_ms_per_token=0
+    )
+    engine = Engine(config)
+    big, small = engine.submit(500, 1), engine.submit(5, 1)
+    await engine.step()
+    assert big.state == "completed" and small.prefilled == 0  # nobody overtakes it
+    await engine.step()
+    assert small.state == "completed"

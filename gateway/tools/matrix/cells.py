@@ -1,0 +1,220 @@
+"""One cell of the matrix: an engine, a traffic mix and a load, replayed three ways.
+
+For every seed the same schedule goes straight to the engine (`direct`), through the
+gateway's own code with its defaults, freshly started (`gateway`: `replay.runs`), and
+through the ideal two-lane scheduler (`ideal`: `replay.ideal`). The cell's figures pool
+the seeds' requests (a P99 over a few hundred short requests is one sample; over
+several schedules it reads the scheduler, not one burst), and keep each seed's short
+P99 beside them. Then the promises are checked (`CHECKS`):
+
+- at most 80% load: short P99 TTFT at most 1.3x the engine floor and 1.1x the ideal's;
+- over capacity: short P99 at most a tenth of direct's;
+- wherever the short requests alone fit in the engines: at most 5% of them refused.
+
+Long requests' figures are reported beside, and said where there is a trade-off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from gateway.config import BackendSettings, Settings, load_settings
+from gateway.tools.matrix.engines import BY_NAME, EngineProfile
+from gateway.tools.matrix.physics import capacity_rps, engine_floor_s, floor_prompts
+from gateway.tools.matrix.traffic import Scale, arrivals, sizes
+from gateway.tools.replay.ideal import run_ideal
+from gateway.tools.replay.runs import Result, classify, run_direct, run_gateway
+from gateway.tools.replay.sources import Arrival
+from gateway.tools.stats import percentile
+
+#: The promises (see the module's docstring).
+FLOOR_FACTOR = 1.3
+IDEAL_FACTOR = 1.1
+OVERLOAD_FACTOR = 0.1
+MAX_SHORT_REFUSED = 0.05
+#: At or below this load the floor and ideal promises apply; above 1, the overload one.
+MODERATE_LOAD = 0.8
+#: Short requests "fit alone" while their own demand is under this share of what the
+#: engines serve of short requests alone.
+SHORTS_FIT_BELOW = 0.9
+#: Requests in the closed loop that measures capacity.
+CAPACITY_REQUESTS = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    engine: str
+    mix: str
+    load: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine} / {self.mix} / {self.load:.0%}"
+
+    @property
+    def profile(self) -> EngineProfile:
+        return BY_NAME[self.engine]
+
+
+@dataclass(slots=True)
+class Figures:
+    """One run kind's figures over all seeds (seconds)."""
+
+    short_p99_s: float | None = None
+    short_p50_s: float | None = None
+    long_p99_s: float | None = None
+    long_p50_s: float | None = None
+    long_e2e_p99_s: float | None = None
+    shorts: int = 0
+    longs: int = 0
+    short_refused: int = 0
+    long_refused: int = 0
+    short_p99_by_seed: list[float | None] = field(default_factory=list)
+    #: Retry-After of the refused short requests, and when the lane would really have
+    #: taken them (seconds after the refusal: the first short arrival admitted after it).
+    retry_after_s: list[float] = field(default_factory=list)
+    admitted_again_s: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: _rounded(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def gateway_settings(profile: EngineProfile, config_path: str | None = None) -> Settings:
+    """The gateway's defaults (or `config_path`'s) in front of one backend of `profile`,
+    its `max_concurrency` as a user following the README sets it."""
+    settings = load_settings(config_path)
+    backend = BackendSettings(
+        url="http://matrix-0.invalid",
+        name="matrix-0",
+        max_concurrency=profile.configured_slots,
+    )
+    return msgspec.structs.replace(settings, backends=[backend])
+
+
+def short_class(settings: Settings) -> str:
+    return settings.lanes[0].name
+
+
+def run_cell(
+    cell: Cell,
+    seeds: Sequence[int],
+    count: int,
+    config_path: str | None = None,
+) -> dict[str, Any]:
+    """The cell's figures and checks, as JSON."""
+    profile = cell.profile
+    settings = gateway_settings(profile, config_path)
+    short = short_class(settings)
+    scale = Scale(profile.prompt_scale, profile.output_scale)
+    engines = [profile.engine]
+    sample = sizes(cell.mix, CAPACITY_REQUESTS, 10_000 + seeds[0], scale)
+    capacity = capacity_rps(engines, sample)
+    sample_classes = [classify(a, settings) for a in sample]
+    shorts_only = [a for a, c in zip(sample, sample_classes, strict=True) if c == short]
+    short_share = len(shorts_only) / len(sample)
+    short_capacity = capacity_rps(engines, shorts_only) if shorts_only else 0.0
+    long_tokens, own_tokens = floor_prompts(sample, shorts_only)
+    long_outputs = sorted(a.max_tokens for a, c in zip(sample, sample_classes, strict=True)
+                          if c != short) or [1]  # fmt: skip
+    long = Arrival(0.0, long_tokens, long_outputs[len(long_outputs) // 2])
+    floor = engine_floor_s(profile.engine, long, own_tokens)
+    runs: dict[str, list[Result]] = {"direct": [], "gateway": [], "ideal": []}
+    by_seed: dict[str, list[float | None]] = {kind: [] for kind in runs}
+    rate = cell.load * capacity
+    for seed in seeds:
+        schedule = arrivals(cell.mix, rate, count, seed, scale)
+        classes = [classify(a, settings) for a in schedule]
+        done = {
+            "direct": run_direct(schedule, classes, 1, engines).results,
+            "gateway": run_gateway(schedule, classes, settings, engines).results,
+            "ideal": run_ideal(schedule, classes, short, engines).results,
+        }
+        for kind, results in done.items():
+            runs[kind] += results
+            by_seed[kind].append(_p99([r for r in results if r.cls == short]))
+    figures = {kind: _figures(results, short, by_seed[kind]) for kind, results in runs.items()}
+    shorts_fit = short_share * rate < SHORTS_FIT_BELOW * short_capacity
+    result: dict[str, Any] = {
+        "engine": cell.engine,
+        "mix": cell.mix,
+        "load": cell.load,
+        "seeds": list(seeds),
+        "requests_per_seed": count,
+        "capacity_rps": round(capacity, 4),
+        "floor_s": round(floor, 4),
+        "floor_prompts": {"long": long_tokens, "short": own_tokens},
+        "shorts_fit_alone": shorts_fit,
+        "runs": {kind: fig.to_json() for kind, fig in figures.items()},
+    }
+    result["checks"] = checks(cell, floor, figures, shorts_fit)
+    return result
+
+
+def _p99(results: Sequence[Result]) -> float | None:
+    return percentile([r.ttft_s for r in results if r.ttft_s is not None], 99)
+
+
+def _figures(results: Sequence[Result], short: str, by_seed: list[float | None]) -> Figures:
+    shorts = [r for r in results if r.cls == short]
+    longs = [r for r in results if r.cls != short]
+    short_ttft = [r.ttft_s for r in shorts if r.ttft_s is not None]
+    long_ttft = [r.ttft_s for r in longs if r.ttft_s is not None]
+    long_e2e = [r.end - r.arrival for r in longs if r.end is not None]
+    figures = Figures(
+        short_p99_s=percentile(short_ttft, 99),
+        short_p50_s=percentile(short_ttft, 50),
+        long_p99_s=percentile(long_ttft, 99),
+        long_p50_s=percentile(long_ttft, 50),
+        long_e2e_p99_s=percentile(long_e2e, 99),
+        shorts=len(shorts),
+        longs=len(longs),
+        short_refused=sum(1 for r in shorts if r.refused is not None),
+        long_refused=sum(1 for r in longs if r.refused is not None),
+        short_p99_by_seed=by_seed,
+    )
+    for index, refused in enumerate(shorts):
+        if refused.refused is None or refused.retry_after_s is None:
+            continue
+        later = next((r for r in shorts[index + 1 :] if r.refused is None and
+                      r.arrival > refused.arrival), None)  # fmt: skip
+        if later is not None:
+            figures.retry_after_s.append(refused.retry_after_s)
+            figures.admitted_again_s.append(later.arrival - refused.arrival)
+    return figures
+
+
+def checks(
+    cell: Cell, floor: float, figures: dict[str, Figures], shorts_fit: bool
+) -> list[dict[str, Any]]:
+    """The promises that apply to this cell: name, figure, bound, passed."""
+    gateway, ideal, direct = figures["gateway"], figures["ideal"], figures["direct"]
+    found: list[dict[str, Any]] = []
+
+    def check(name: str, value: float | None, bound: float | None) -> None:
+        passed = value is not None and bound is not None and value <= bound
+        found.append({"check": name, "value": _rounded(value), "bound": _rounded(bound),
+                      "passed": passed})  # fmt: skip
+
+    short = gateway.short_p99_s
+    if cell.load <= MODERATE_LOAD:
+        check("short P99 <= 1.3x floor", short, FLOOR_FACTOR * floor)
+        if ideal.short_p99_s is not None:
+            check("short P99 <= 1.1x ideal", short, IDEAL_FACTOR * ideal.short_p99_s)
+    if cell.load > 1.0 and direct.short_p99_s is not None:
+        check("short P99 <= 1/10 direct", short, OVERLOAD_FACTOR * direct.short_p99_s)
+    if shorts_fit and gateway.shorts:
+        check("shorts refused <= 5%", gateway.short_refused / gateway.shorts, MAX_SHORT_REFUSED)
+    return found

@@ -1,0 +1,102 @@
+"""The matrix as a table for the terminal, as Markdown for the README, and its summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def _s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _ratio(value: float | None, of: float | None) -> str:
+    if value is None or not of:
+        return "-"
+    return f"{value / of:.2f}x"
+
+
+def _refused(run: dict[str, Any]) -> str:
+    shorts = run["shorts"] or 1
+    return f"{run['short_refused']}/{run['shorts']} ({100.0 * run['short_refused'] / shorts:.0f}%)"
+
+
+def row(cell: dict[str, Any]) -> list[str]:
+    runs = cell["runs"]
+    direct, gateway, ideal = runs["direct"], runs["gateway"], runs["ideal"]
+    failed = [c["check"] for c in cell["checks"] if not c["passed"]]
+    return [
+        cell["engine"],
+        cell["mix"],
+        f"{cell['load']:.0%}",
+        _s(cell["floor_s"]),
+        _s(direct["short_p99_s"]),
+        _s(gateway["short_p99_s"]),
+        _ratio(gateway["short_p99_s"], cell["floor_s"]),
+        _s(ideal["short_p99_s"]),
+        _refused(gateway),
+        _s(direct["long_p99_s"]),
+        _s(gateway["long_p99_s"]),
+        _s(ideal["long_p99_s"]),
+        f"{gateway['long_refused']}/{gateway['longs']}",
+        "ok" if not failed else "MISS: " + "; ".join(failed),
+    ]
+
+
+HEADER = [
+    "engine",
+    "mix",
+    "load",
+    "floor s",
+    "short P99 direct",
+    "gateway",
+    "x floor",
+    "ideal",
+    "shorts refused",
+    "long P99 direct",
+    "gateway",
+    "ideal",
+    "longs refused",
+    "promises",
+]
+
+
+def table(cells: Sequence[dict[str, Any]]) -> str:
+    rows = [HEADER] + [row(cell) for cell in cells]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER) - 1)]
+    lines = []
+    for r in rows:
+        lines.append(
+            "  ".join(
+                v.rjust(w) if i > 2 else v.ljust(w)
+                for i, (v, w) in enumerate(zip(r, widths, strict=False))
+            )
+            + "  "
+            + r[-1]  # fmt: skip
+        )
+        if r is HEADER:
+            lines.append("-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def markdown(cells: Sequence[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row(cell)) + " |" for cell in cells]
+    return "\n".join(lines)
+
+
+def summary(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    checked = [c for cell in cells for c in cell["checks"]]
+    missed = [
+        {"cell": f"{cell['engine']} / {cell['mix']} / {cell['load']:.0%}", **c}
+        for cell in cells
+        for c in cell["checks"]
+        if not c["passed"]
+    ]
+    return {"cells": len(cells), "checks": len(checked), "missed": missed}
