@@ -759,8 +759,10 @@ class Scheduler:
             quiet for other in lane.higher if (quiet := other.arrivals.quiet_at()) is not None
         ]
         oldest = lane.queue.oldest_enqueued_at()
-        if lane.settings.promote_after_s is not None and oldest is not None:
-            moments.append(oldest + lane.settings.promote_after_s)
+        after = lane.settings.promote_after_s
+        if after is not None and oldest is not None:
+            last = lane.dispatched_at[-1] if lane.dispatched_at else oldest
+            moments.append(max(oldest, last) + after)
         return max(0.001, min(moments, default=now + 1.0) - now)
 
     @staticmethod
@@ -774,13 +776,19 @@ class Scheduler:
 
     @staticmethod
     def _promoted(lane: LaneState, now: float) -> bool:
-        """Its oldest request waited past `promote_after_s` while it runs fewer than
-        `promoted_slots`: it goes before the higher lanes."""
+        """Its oldest request waited past `promote_after_s`, and the lane got no slot in
+        that time while it runs fewer than `promoted_slots`: it is starved, so it goes
+        before the higher lanes. A lane that got a slot meanwhile is progressing: its
+        requests wait their turn (on one slot, each promotion would hold every short
+        request behind a whole long answer, though the long ones were not starved)."""
         settings = lane.settings
-        if settings.promote_after_s is None or lane.in_flight >= settings.promoted_slots:
+        after = settings.promote_after_s
+        if after is None or lane.in_flight >= settings.promoted_slots:
             return False
         oldest = lane.queue.oldest_enqueued_at()
-        return oldest is not None and now - oldest >= settings.promote_after_s
+        if oldest is None or now - oldest < after:
+            return False
+        return not lane.dispatched_at or now - lane.dispatched_at[-1] >= after
 
     def _first_served(self, lane: LaneState, now: float) -> tuple[_Waiter | None, Any]:
         """The lane's first request in line that gets a slot now, and the slot.

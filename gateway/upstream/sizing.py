@@ -51,6 +51,8 @@ FACTS_EVERY_ROUNDS = 12
 QUEUED_SCRAPES_TO_HOLD = 2
 #: A backend whose /metrics said nothing this many times is scraped this much less often.
 SILENT_METRICS_BACKOFF = 10
+#: Before a lower lane's slot hold is measured: the output of a long request ahead.
+PRIOR_LONG_OUTPUT_TOKENS = 256
 
 
 @dataclass(slots=True)
@@ -326,16 +328,30 @@ class BackendSizer:
         return learned[len(learned) // 2] if learned else DEFAULT_OUTPUT_WEIGHT
 
     def floor_s(self, lane: str, lane_max_prompt: int | None) -> float:
-        """The engine floor of a lane: one long prefill plus its own, on its slowest backend."""
+        """The engine floor of a lane: one long prefill plus its own, on its slowest backend.
+
+        On a backend of one slot no slot can be kept for the lane: a request of it may
+        arrive just after a long one took the slot, and waits for that one's whole answer,
+        not only its prefill (llama.cpp's `--parallel 1` on a laptop)."""
         own = self.prompt_sizes.own(lane, lane_max_prompt)
         long = self.prompt_sizes.long()
-        return max(
-            (
-                engine_floor_s(backend.model.prefill_s, long, own)
-                for backend in self.pool.backends_of(lane)
-            ),
-            default=0.0,
-        )
+        floors = []
+        for backend in self.pool.backends_of(lane):
+            floor = engine_floor_s(backend.model.prefill_s, long, own)
+            if backend.slot_limit <= 1:
+                floor += self._long_hold_s(lane, backend, long) - backend.model.prefill_s(long)
+            floors.append(floor)
+        return max(floors, default=0.0)
+
+    def _long_hold_s(self, lane: str, backend: Backend, long_tokens: int) -> float:
+        """How long a request of a lower lane holds its slot: learned (the longest of the
+        lanes' moving averages below `lane`), else a long prefill and its prior answer."""
+        state = self.scheduler.lane(lane)
+        holds = [other.hold_ewma_s for other in state.lower if other.hold_ewma_s is not None]
+        if holds:
+            return max(max(holds), backend.model.prefill_s(long_tokens))
+        answer = backend.model.tpot_s(1) * PRIOR_LONG_OUTPUT_TOKENS
+        return backend.model.prefill_s(long_tokens) + answer
 
     def _warn_short_deadline(self, lane: str, deadline: float, floor: float) -> None:
         if not changed_a_lot(self._warned.get(lane, 0.0), floor, 1.2):

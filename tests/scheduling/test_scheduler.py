@@ -133,6 +133,37 @@ async def test_a_request_waiting_past_promote_after_goes_first() -> None:
     scheduler.release(grant)
 
 
+async def test_a_lane_that_got_a_slot_lately_is_progressing_not_promoted() -> None:
+    """On one slot, a long request that waited past promote_after_s while another long one
+    got the slot is not starved: it waits its turn behind short requests (each promotion
+    would hold them behind a whole long answer). Starved, it is promoted."""
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"promote_after_s": 0.05}, clock=clock)
+    first = await scheduler.acquire("bulk")
+    second = asyncio.create_task(scheduler.acquire("bulk"))
+    third = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    clock.advance(0.04)
+    scheduler.release(first)
+    await settle()
+    assert second.done()  # bulk got a slot at 0.04
+    clock.advance(0.02)
+    short = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    clock.advance(0.02)  # the third waited 0.08 s; bulk got a slot 0.04 s ago
+    scheduler.release(second.result())
+    await settle()
+    assert short.done() and not third.done(), "a progressing lane went before a short one"
+    clock.advance(0.1)  # bulk got no slot for 0.14 s: starved, it goes first
+    later = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    scheduler.release(short.result())
+    await settle()
+    assert third.done() and not later.done()
+    scheduler.release(third.result())
+    scheduler.release(await asyncio.wait_for(later, 1))
+
+
 async def test_not_yet_promoted_request_still_yields_to_higher_lane() -> None:
     scheduler, _ = make(1, bulk={"promote_after_s": 10})
     held = await scheduler.acquire("interactive")

@@ -122,7 +122,8 @@ def run_cell(
     engines = [profile.engine]
     sample = sizes(cell.mix, CAPACITY_REQUESTS, 10_000 + seeds[0], scale)
     capacity = capacity_rps(engines, sample)
-    sample_classes = [classify(a, settings) for a in sample]
+    ratio = profile.config.token_ratio
+    sample_classes = [classify(a, settings, ratio) for a in sample]
     shorts_only = [a for a, c in zip(sample, sample_classes, strict=True) if c == short]
     short_share = len(shorts_only) / len(sample)
     short_capacity = capacity_rps(engines, shorts_only) if shorts_only else 0.0
@@ -136,7 +137,7 @@ def run_cell(
     rate = cell.load * capacity
     for seed in seeds:
         schedule = arrivals(cell.mix, rate, count, seed, scale)
-        classes = [classify(a, settings) for a in schedule]
+        classes = [classify(a, settings, ratio) for a in schedule]
         done = {
             "direct": run_direct(schedule, classes, 1, engines).results,
             "gateway": run_gateway(schedule, classes, settings, engines).results,

@@ -89,12 +89,16 @@ class TokenWatch:
             end.set_result(seq.end if seq.end is not None else seq.first_token or 0.0)
 
 
-def classify(arrival: Arrival, settings: Settings) -> str:
-    """The lane the gateway's rules give this request (its class in both runs)."""
+def classify(arrival: Arrival, settings: Settings, token_ratio: float = 1.0) -> str:
+    """The lane the gateway's rules give this request (its class in every run).
+
+    `token_ratio`: the engine's tokens per gateway token. Lanes are sized in the engine's
+    tokens (`admit`): once the gateway has learned the ratio it puts a request by the
+    engine's count, so that is the request's class, direct and ideal alike."""
     if arrival.lane is not None and arrival.lane in {lane.name for lane in settings.lanes}:
         return arrival.lane
     try:
-        return admit(shape_of(arrival), settings).lane.name
+        return admit(shape_of(arrival), settings, token_ratio=token_ratio).lane.name
     except Refusal:
         return UNADMITTED
 
