@@ -24,8 +24,10 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     max_concurrency: Positive | None = None
     #: Predicted prefill seconds this backend may have in flight (dispatched, no first
     #: byte yet), from its learned prefill rate; a bigger prompt goes alone. It bounds
-    #: how long a short request waits behind long prompts. 0: no such budget.
-    prefill_budget_s: Annotated[float, rule("be >= 0 (0: no budget)", ge=0)] = 0.5
+    #: how long a short request waits behind long prompts. Unset: one long prompt's
+    #: prefill at the learned rate (recent prompts' 95th percentile), at most 0.5 s, so
+    #: an H100 prefills one long prompt at a time as a CPU does. 0: no such budget.
+    prefill_budget_s: Annotated[float, rule("be >= 0 (0: no budget)", ge=0)] | None = None
     #: An optional hard cap in prompt tokens on top of the budget in seconds. 0: none.
     max_prefill_tokens: Annotated[int, rule("be >= 0 (0: no limit)", ge=0)] = 0
     #: Sent to this backend as `Authorization: Bearer ...` (the client's own never is).

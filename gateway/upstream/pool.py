@@ -77,6 +77,7 @@ from gateway.config import (
     RoutingSettings,
 )
 from gateway.outcomes import NoBackend, Outcome
+from gateway.scheduling.fitting import PRIOR_LONG_PROMPT_TOKENS
 from gateway.scheduling.learning import BackendModel
 from gateway.scheduling.scheduler import Deferred
 from gateway.upstream.adapters import AdapterCandidate, BackendAdapters, preferred_backends
@@ -86,6 +87,9 @@ from gateway.upstream.prefix_index import PrefixIndex
 
 #: Why a backend was chosen (the routing metric's label).
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
+#: The automatic prefill budget's ceiling: the fixed budget of earlier releases, which
+#: holds on CPU engines, where one long prompt alone is over it.
+MAX_AUTO_PREFILL_BUDGET_S = 0.5
 
 
 @dataclass(slots=True, frozen=True)
@@ -171,6 +175,9 @@ class Backend:
     max_prefill_tokens: int = 0
     #: Predicted prefill seconds the backend may have in flight; 0: no such budget.
     prefill_budget_s: float = 0.0
+    #: The budget is one long prompt's prefill at this backend's learned rate (at most
+    #: `MAX_AUTO_PREFILL_BUDGET_S`), refitted by the sizer as both change.
+    prefill_budget_auto: bool = False
     weight: float = 1.0
     api_key: str | None = None
     priority_field: bool = False
@@ -226,17 +233,30 @@ class Backend:
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> Backend:
-        return cls(
+        backend = cls(
             name=settings.name,
             url=settings.url.rstrip("/"),
             max_concurrency=settings.max_concurrency or DEFAULT_MAX_CONCURRENCY,
             max_prefill_tokens=settings.max_prefill_tokens,
-            prefill_budget_s=settings.prefill_budget_s,
+            prefill_budget_s=settings.prefill_budget_s or 0.0,
+            prefill_budget_auto=settings.prefill_budget_s is None,
             weight=settings.weight,
             api_key=settings.api_key,
             priority_field=settings.priority_field,
             concurrency_configured=settings.max_concurrency is not None,
         )
+        backend.fit_prefill_budget(PRIOR_LONG_PROMPT_TOKENS)
+        return backend
+
+    def fit_prefill_budget(self, long_prompt_tokens: int) -> None:
+        """With the automatic budget: one long prompt's predicted prefill, at most
+        `MAX_AUTO_PREFILL_BUDGET_S`. A fixed 0.5 s let an H100 prefill eight long prompts
+        at once, and a short request waited behind all of them inside the engine (the
+        matrix: 3-4x the floor at 80% load); on a CPU one long prompt is over it and
+        goes alone, as before."""
+        if self.prefill_budget_auto:
+            own = self.model.prefill_s(long_prompt_tokens)
+            self.prefill_budget_s = min(MAX_AUTO_PREFILL_BUDGET_S, own)
 
     @property
     def auth_headers(self) -> dict[str, str] | None:

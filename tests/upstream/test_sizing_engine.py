@@ -1,0 +1,88 @@
+"""What the sizer makes of an engine: the floor behind a lane's deadline, the automatic
+prefill budget, and when a queue inside the engine is real.
+
+On a backend of one slot no slot can be kept for short requests: one that arrives just
+after a long request took the slot waits for that request's whole answer. A deadline
+fitted to the prefill alone refused a third of the short requests on a one-slot
+llama.cpp server in the engine matrix, requests the engine served a moment later.
+"""
+
+from __future__ import annotations
+
+import io
+
+import msgspec
+
+from gateway.app import build_pools
+from gateway.config import BackendSettings, load_settings
+from gateway.observability.logs import make_logger
+from gateway.upstream.pool import MAX_AUTO_PREFILL_BUDGET_S, Backend
+from gateway.upstream.sizing import _Known, _queued_scrapes
+from gateway.upstream.telemetry import EngineLoad
+
+
+def sizer_with_slots(slots: int):  # type: ignore[no-untyped-def]
+    settings = load_settings(None)
+    backend = BackendSettings(url="http://floor.invalid", name="b0", max_concurrency=slots)
+    settings = msgspec.structs.replace(settings, backends=[backend])
+    router = build_pools(settings, make_logger(io.StringIO(), "error"), clock_of=lambda: 0.0)
+    return router.default.sizer, router.default.scheduler
+
+
+def test_one_slot_floor_is_a_whole_long_answer_not_only_its_prefill() -> None:
+    one, _ = sizer_with_slots(1)
+    two, _ = sizer_with_slots(2)
+    short = one.settings.lanes[0]
+    one_floor = one.floor_s(short.name, short.max_prompt_tokens)
+    two_floor = two.floor_s(short.name, short.max_prompt_tokens)
+    # The prior's long answer: 256 tokens at the prior TPOT, beside the same prefills.
+    assert one_floor > two_floor + 256 * 0.9 * 0.02
+
+
+def test_one_slot_floor_follows_the_lower_lanes_measured_hold() -> None:
+    sizer, scheduler = sizer_with_slots(1)
+    short, bulk = sizer.settings.lanes[0], sizer.settings.lanes[-1]
+    scheduler.lane(bulk.name).hold_ewma_s = 30.0
+    assert sizer.floor_s(short.name, short.max_prompt_tokens) > 30.0
+    sizer.refit()
+    assert scheduler.lane(short.name).deadline_s >= 1.5 * 30.0
+
+
+def test_the_automatic_prefill_budget_is_one_long_prefill_at_the_learned_rate() -> None:
+    fast = Backend.from_settings(BackendSettings(url="http://h100.invalid", name="h100"))
+    slow = Backend.from_settings(BackendSettings(url="http://cpu.invalid", name="cpu"))
+    for _ in range(5):
+        fast.model.observe_ttft(3000, 0, 0.02 + 3000 / 50_000)  # an H100: 50k tokens/s
+        slow.model.observe_ttft(1500, 0, 0.05 + 1500 / 150)  # a slow CPU
+    fast.fit_prefill_budget(3000)
+    slow.fit_prefill_budget(3000)
+    assert fast.prefill_budget_s < 0.1  # one long prompt, not eight
+    assert slow.prefill_budget_s == MAX_AUTO_PREFILL_BUDGET_S  # a long prompt goes alone
+    fixed = Backend.from_settings(
+        BackendSettings(url="http://x.invalid", name="x", prefill_budget_s=0.5)
+    )
+    fixed.fit_prefill_budget(3000)
+    assert fixed.prefill_budget_s == 0.5
+
+
+def load(waiting: float, running: float, kv: float | None = None) -> EngineLoad:
+    return EngineLoad(engine="vllm", waiting=waiting, running=running, kv_usage=kv)
+
+
+def scrapes(*loads: EngineLoad) -> int:
+    known = _Known()
+    for each in loads:
+        known.queued_scrapes = _queued_scrapes(known, each)
+        known.queued_running = each.running
+    return known.queued_scrapes
+
+
+def test_a_request_between_engine_steps_is_not_a_queue() -> None:
+    # A fast engine at a third of its batch: a request or two waiting at every scrape.
+    assert scrapes(load(1, 29, 0.3), load(2, 33, 0.3), load(1, 30, 0.3)) < 2
+
+
+def test_an_engine_at_its_limit_with_requests_waiting_is_a_queue() -> None:
+    assert scrapes(load(3, 16), load(4, 16)) >= 2  # at its batch limit
+    assert scrapes(load(3, 20, 0.95), load(2, 18, 0.97)) >= 2  # out of KV cache
+    assert scrapes(load(3, 16), load(0, 12), load(3, 16)) == 1
