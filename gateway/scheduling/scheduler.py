@@ -70,6 +70,8 @@ DEFAULT_TENANT = "default"
 #: Recent dispatches per lane from which its drain rate (requests leaving the line per
 #: second) is measured, for Retry-After.
 DRAIN_SAMPLES = 32
+#: A backlog younger than this, with fewer than two dispatches, has no drain rate yet.
+MIN_DRAIN_SPAN_S = 1.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -173,8 +175,12 @@ class LaneState:
     #: Lanes that go before this one and share some of its backends, and those after.
     higher: list[LaneState] = field(default_factory=list)
     lower: list[LaneState] = field(default_factory=list)
-    #: Its latest requests' queue waits (seconds; a timed-out one counts its deadline).
+    #: Its latest requests' queue waits (seconds; a timed-out one counts its deadline),
+    #: and when the latest of them ended.
     recent_waits: deque[float] = field(default_factory=lambda: deque(maxlen=PRESSURE_SAMPLES))
+    last_wait_at: float = 0.0
+    #: Since when its queue has had requests waiting without a break (None: empty now).
+    backlog_since: float | None = None
     #: When its latest requests got their slots (the drain rate's samples).
     dispatched_at: deque[float] = field(default_factory=lambda: deque(maxlen=DRAIN_SAMPLES))
     #: Its queue had requests at the last look (for `Scheduler.on_waiting`).
@@ -278,6 +284,7 @@ class Scheduler:
         waiting = bool(lane.queue)
         if waiting != lane.had_waiters:
             lane.had_waiters = waiting
+            lane.backlog_since = self._now() if waiting else None
             if self.on_waiting is not None:
                 self.on_waiting(lane.name, waiting)
 
@@ -353,39 +360,55 @@ class Scheduler:
         median of the last few) over `SHED_LOWER_AT` of their deadline: while it is,
         `name` is shed. Sustained pressure, not one arrival's bad moment: a single long
         prefill in progress must not turn lower-lane requests away."""
+        now = self._now()
         for other in self._by_name[name].higher:
             waits = other.recent_waits
-            if len(waits) >= PRESSURE_SAMPLES and (
-                statistics.median(waits) > SHED_LOWER_AT * other.deadline_s
+            if (
+                len(waits) >= PRESSURE_SAMPLES
+                and statistics.median(waits) > SHED_LOWER_AT * other.deadline_s
+                and (other.queue or now - other.last_wait_at <= other.deadline_s)
             ):
                 return other
         return None
 
     def drain_rate(self, name: str) -> float | None:
         """Requests per second leaving the line of lane `name` (its own dispatches and
-        those of the higher lanes that go first), over their recent dispatches; it falls
-        while nothing is dispatched. None before two dispatches."""
+        those of the higher lanes that go first, each since its current backlog began);
+        it falls while nothing is dispatched. None while there is no backlog, or one too
+        new to say (under `MIN_DRAIN_SPAN_S` and fewer than two dispatches): what left
+        the line before a burst, at the rate requests arrived then, says nothing of how
+        fast the burst drains (a minute's Retry-After for a backlog gone in 1.5 s)."""
         now = self._now()
-        rate, measured = 0.0, False
         lane = self._by_name[name]
-        for member in (lane, *lane.higher):
-            times = member.dispatched_at
-            if len(times) >= 2 and now > times[0]:
-                rate += (len(times) - 1) / (now - times[0])
-                measured = True
-        return rate if measured else None
+        backlogged = [m for m in (lane, *lane.higher) if m.backlog_since is not None]
+        if not backlogged:
+            return None
+        since = min(m.backlog_since for m in backlogged if m.backlog_since is not None)
+        left = sum(
+            sum(1 for t in m.dispatched_at if t > (m.backlog_since or now)) for m in backlogged
+        )
+        span = now - since
+        if span < MIN_DRAIN_SPAN_S and left < 2:
+            return None
+        return left / span if span > 0 else None
 
     def _retry_after(
         self, lane: LaneState, beyond_s: float = 0.0, tenant: str | None = None, weight: float = 1.0
     ) -> int:
-        """Seconds until a retry may fit: the time the line ahead (of `tenant`'s next
-        request, in its fair turn) takes to drain at its measured rate, less `beyond_s`
-        (the wait a request may have); before a rate is measured, the predicted wait."""
+        """Seconds until a retry may fit: the wait a request arriving now would have (of
+        `tenant`'s next request, in its fair turn), less `beyond_s` (the wait a request
+        may have): the figure the refusal was decided by. Before there is one, the line
+        ahead over its drain rate since its backlog began. (The drain rate first read a
+        minute on a CPU engine whose short requests wait out one long prefill, a few
+        seconds, and after a quiet spell the rate requests had arrived at.)"""
+        predicted = self.predicted_wait_s(lane.name, tenant, weight)
         rate = self.drain_rate(lane.name)
-        if rate:
+        if predicted is not None:
+            wait = predicted
+        elif rate:
             wait = self._place_in_line(lane, tenant, weight) / rate
         else:
-            wait = self.predicted_wait_s(lane.name, tenant, weight) or lane.hold_ewma_s or 1.0
+            wait = lane.hold_ewma_s or 1.0
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(wait - beyond_s)))
 
     def deadline_for(self, name: str, client_deadline_s: float | None = None) -> float:
@@ -460,6 +483,7 @@ class Scheduler:
                 charged = lane.queue.started(tenant, prompt_tokens, weight)
                 lane.in_flight += 1
                 lane.recent_waits.append(0.0)
+                lane.last_wait_at = now
                 lane.dispatched_at.append(now)
                 return Grant(name, slot, 0.0, now, tenant=tenant, charged=charged)
         waiter = _Waiter(
@@ -567,6 +591,7 @@ class Scheduler:
         # It would have waited at least this long: a (low) sample all the same.
         lane.wait_per_place.add(deadline / waiter.position)
         lane.recent_waits.append(deadline)
+        lane.last_wait_at = self._now()
         waiter.future.set_exception(
             QueueTimeout(
                 f"Waited {deadline:.3g} s in the '{lane.name}' lane's queue "
@@ -695,6 +720,7 @@ class Scheduler:
             waited = now - waiter.enqueued_at
             lane.wait_per_place.add(waited / waiter.position)
             lane.recent_waits.append(waited)
+            lane.last_wait_at = now
             lane.dispatched_at.append(now)
             waiter.future.set_result(
                 Grant(lane.name, slot, waited, now, tenant=waiter.tenant, charged=charged)

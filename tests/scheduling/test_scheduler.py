@@ -419,10 +419,14 @@ async def test_refusal_names_the_client_deadline_and_retry_after_from_the_estima
 
 
 async def test_a_lower_lane_is_shed_while_a_higher_one_waits_near_its_deadline() -> None:
-    scheduler, _ = make(1, interactive={"queue_timeout_s": 10}, bulk={"queue_timeout_s": 100})
+    clock = Clock()
+    scheduler, _ = make(
+        1, interactive={"queue_timeout_s": 10}, bulk={"queue_timeout_s": 100}, clock=clock
+    )
     interactive = scheduler.lane("interactive")
     for _ in range(PRESSURE_SAMPLES - 1):
         interactive.recent_waits.append(6.0)  # over half of its 10 s
+    interactive.last_wait_at = clock.now
     assert scheduler.pressing_lane("bulk") is None  # not yet enough to call it sustained
     interactive.recent_waits.append(6.0)
     assert scheduler.pressing_lane("bulk") is interactive
@@ -437,47 +441,93 @@ async def test_a_lower_lane_is_shed_while_a_higher_one_waits_near_its_deadline()
     scheduler.release(await scheduler.acquire("bulk"))
 
 
-async def test_retry_after_is_the_line_ahead_over_the_measured_drain_rate() -> None:
+async def test_shedding_ends_with_its_cause_an_idle_gateway_sheds_nothing() -> None:
+    """The pressure is the present's: once the higher lane has nobody waiting and its
+    last wait is older than its deadline, the lower lane is admitted, though no short
+    request came by to say so (an idle gateway refused every bulk request for minutes)."""
+    clock = Clock()
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 5}, clock=clock)
+    interactive = scheduler.lane("interactive")
+    for _ in range(PRESSURE_SAMPLES):
+        interactive.recent_waits.append(4.0)
+    interactive.last_wait_at = clock.now
+    assert scheduler.pressing_lane("bulk") is interactive
+    clock.advance(4.0)
+    assert scheduler.pressing_lane("bulk") is interactive  # within its deadline: recent
+    clock.advance(2.0)
+    assert scheduler.pressing_lane("bulk") is None
+    scheduler.release(await scheduler.acquire("bulk"))
+
+
+async def test_retry_after_is_the_predicted_wait_and_the_drain_counts_from_the_backlog() -> None:
     clock = Clock()
     scheduler, _ = make(1, bulk={"max_queue_depth": 4, "reject_predicted_wait": False}, clock=clock)
-    assert scheduler.drain_rate("bulk") is None
-    # One request dispatched every 2 s: the line drains at 0.5 requests per second.
-    for _ in range(6):
-        grant = await scheduler.acquire("bulk")
-        clock.advance(2.0)
-        scheduler.release(grant)
-    assert scheduler.drain_rate("bulk") == pytest.approx(5 / 12)
     held = await scheduler.acquire("bulk")
-    assert scheduler.drain_rate("bulk") == pytest.approx(0.5)
+    assert scheduler.drain_rate("bulk") is None  # no backlog
     queued = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(4)]
     await settle()
+    assert scheduler.drain_rate("bulk") is None  # a backlog too new to say
+    clock.advance(2.0)
+    scheduler.release(held)  # one request left the line in 2 s
+    await settle()
+    held = queued.pop(0).result()
+    queued.append(asyncio.create_task(scheduler.acquire("bulk")))
+    await settle()
+    assert scheduler.drain_rate("bulk") == pytest.approx(0.5)
     with pytest.raises(Refusal) as refused:
         await scheduler.acquire("bulk")
     assert refused.value.code == "queue_full"
-    # Five places in line (four queued and a retry) at 0.5 per second.
+    # Five places in line (four queued and a retry) at 2 s each (the slot's hold).
     assert refused.value.retry_after_s == 10
-    # Nothing leaves the line for a while: the rate falls, Retry-After grows (to its cap).
-    clock.advance(100.0)
-    with pytest.raises(Refusal) as refused:
-        await scheduler.acquire("bulk")
-    assert refused.value.retry_after_s == 60
     for task in queued:
         task.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
     scheduler.release(held)
 
 
+async def test_a_burst_after_a_quiet_spell_gets_the_wait_it_will_have_not_a_minute() -> None:
+    """Dispatches long before a burst (at the rate requests arrived then) do not make its
+    drain rate: the refusals of a burst carry the predicted wait beyond what is allowed."""
+    clock = Clock()
+    scheduler, _ = make(1, interactive={"queue_timeout_s": 5}, clock=clock)
+    lane = scheduler.lane("interactive")
+    for _ in range(5):
+        scheduler.release(await scheduler.acquire("interactive"))
+        lane.wait_per_place.add(0.25)
+        clock.advance(30.0)  # one request every 30 s: a "drain" of 1/30 per second
+    held = await scheduler.acquire("interactive")
+    burst = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(19)]
+    await settle()
+    with pytest.raises(Refusal) as refused:
+        await scheduler.acquire("interactive")
+    # 20 places at 0.25 s each: 5 s, of which 4 s may be waited.
+    assert refused.value.code == "wait_too_long" and refused.value.retry_after_s == 1
+    for task in burst:
+        task.cancel()
+    await asyncio.gather(*burst, return_exceptions=True)
+    scheduler.release(held)
+
+
 async def test_a_lanes_drain_rate_counts_the_higher_lanes_that_go_first() -> None:
     clock = Clock()
     scheduler, _ = make(1, clock=clock)
-    for lane in ("interactive", "bulk", "interactive"):
-        grant = await scheduler.acquire(lane)
-        clock.advance(1.0)
-        scheduler.release(grant)
-    # interactive: two dispatches 2 s apart, 3 s ago for the first -> 1/3 per s.
-    assert scheduler.drain_rate("interactive") == pytest.approx(1 / 3)
-    # bulk: only one of its own (no rate), plus interactive's.
-    assert scheduler.drain_rate("bulk") == pytest.approx(1 / 3)
+    held = await scheduler.acquire("interactive")
+    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
+    longs = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(2)]
+    await settle()
+    for _ in range(2):
+        clock.advance(1.5)
+        scheduler.release(held)
+        await settle()
+        held = next(t for t in shorts if t.done() and not t.result().released).result()
+    # interactive: two dispatches in the 3 s of its backlog; bulk: none of its own,
+    # but the line ahead of it is interactive's.
+    assert scheduler.drain_rate("interactive") == pytest.approx(2 / 3)
+    assert scheduler.drain_rate("bulk") == pytest.approx(2 / 3)
+    scheduler.release(held)
+    scheduler.release(await asyncio.wait_for(shorts[-1], 1))
+    for task in longs:
+        scheduler.release(await asyncio.wait_for(task, 1))
 
 
 class DeferringSlots(CountingSlots):
@@ -558,7 +608,7 @@ async def test_on_one_slot_promotion_still_keeps_the_lower_lane_from_starving() 
 async def test_on_two_slots_the_floor_keeps_one_slot_for_the_lower_lane() -> None:
     scheduler, _ = make(2, bulk={"min_slots": 1})
     longs = [await scheduler.acquire("bulk") for _ in range(2)]
-    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(2)]
+    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
     more_long = asyncio.create_task(scheduler.acquire("bulk"))
     await settle()
     scheduler.release(longs[0])  # bulk keeps 1 running: the slot goes to a short

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.tools.matrix.cells import Cell, run_cell
 from gateway.tools.matrix.engines import BY_NAME, PROFILES
-from gateway.tools.matrix.report import markdown, summary, table
+from gateway.tools.matrix.report import FOOTNOTE, markdown, summary, table
 from gateway.tools.matrix.traffic import MIXES
 
 LOADS = (0.5, 0.8, 1.0, 1.2)
@@ -79,6 +79,8 @@ def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     results = run_cells(cells, seeds, requests, args.config, args.jobs)
     print(table(results))
+    if any(not cell["floor_reachable"] for cell in results):
+        print(f"\n{FOOTNOTE}")
     found = summary(results)
     print(
         f"\n{found['cells']} cells, {found['checks']} checks, {len(found['missed'])} missed; "
