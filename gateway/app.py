@@ -36,6 +36,9 @@ from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.health import HealthMonitor
+from gateway.upstream.learned_state import OFF as LEARNED_STATE_OFF
+from gateway.upstream.learned_state import SAVE_EVERY_S as LEARNED_SAVE_EVERY_S
+from gateway.upstream.learned_state import LearnedState
 from gateway.upstream.models import CATCH_ALL, ModelPool, ModelRouter, pool_key
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
@@ -115,6 +118,7 @@ def build_app(
     # Tenant quotas (#11): in the fleet's Redis, or local without one.
     state.quotas = TenantQuotas.for_fleet(settings.api_keys, state.fleet, metrics.registry)
     metrics.watch(scheduler, pool, state.sizer.floors)
+    state.learned_state = restore_learned(settings, router, events, metrics)
     state.model_metrics = ModelMetrics(metrics.registry, router)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -230,7 +234,15 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
         ready_anyway = asyncio.get_running_loop().call_later(
             WARM_UP_READY_S, setattr, state, "warming_up", False
         )
+    keeping = None
+    if state.learned_state is not None:
+        keeping = asyncio.create_task(_keep_learned(state, state.learned_state))
     yield
+    if keeping is not None:
+        keeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping
+        save_learned(state, state.learned_state)  # type: ignore[arg-type]
     if warm_up is not None:
         ready_anyway.cancel()
         warm_up.cancel()
@@ -246,6 +258,40 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await state.upstream.close()
     state.counter.close()
     state.request_log.close()
+
+
+def restore_learned(
+    settings: Settings, router: ModelRouter, events: Any, metrics: GatewayMetrics
+) -> LearnedState | None:
+    """What an earlier run learned of these backends, back in their models before the
+    first request (`upstream/learned_state.py`); the lanes refitted to it."""
+    path = settings.health.state_file
+    if not path or path == LEARNED_STATE_OFF:
+        return None
+    learned = LearnedState(path, events, on_failure=metrics.state_file_failures.inc)
+    backends = [backend for each in router.pools for backend in each.pool.backends]
+    learned.restore(backends)
+    for each in router.pools:
+        each.sizer.learned_state = learned
+        each.sizer.refit()
+    return learned
+
+
+async def _keep_learned(state: GatewayState, learned: LearnedState) -> None:
+    """Write the learned figures every SAVE_EVERY_S (and once more at shutdown)."""
+    while True:
+        await asyncio.sleep(LEARNED_SAVE_EVERY_S)
+        save_learned(state, learned)
+
+
+def save_learned(state: GatewayState, learned: LearnedState) -> None:
+    backends = [backend for each in state.pools.pools for backend in each.pool.backends]
+    facts = {
+        backend.name: each.sizer.facts_of(backend)
+        for each in state.pools.pools
+        for backend in each.pool.backends
+    }
+    learned.save(backends, facts)
 
 
 async def _warm_up_all(state: GatewayState) -> None:

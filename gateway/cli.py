@@ -163,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def serve(settings: Settings) -> int:
     log = make_logger(sys.stderr, settings.logging.level)
+    if not settings.health.state_file:
+        from gateway.upstream.learned_state import default_path
+
+        health = msgspec.structs.replace(settings.health, state_file=str(default_path()))
+        settings = msgspec.structs.replace(settings, health=health)
     simulator: subprocess.Popen[bytes] | None = None
     try:
         if not settings.backends:

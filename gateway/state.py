@@ -24,6 +24,7 @@ from gateway.observability.tracing import RequestTracer
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.upstream.health import HealthMonitor
+from gateway.upstream.learned_state import LearnedState
 from gateway.upstream.models import ModelRouter
 from gateway.upstream.pool import BackendPool
 from gateway.upstream.relay import UpstreamClient
@@ -64,6 +65,8 @@ class GatewayState:
     #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
     #: says "not ready": the first requests should meet deadlines fitted to the engine.
     warming_up: bool = False
+    #: What was learned of the backends, kept across a restart ([health] state_file).
+    learned_state: LearnedState | None = None
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.
     draining: bool = False
     #: Makes each request's OpenTelemetry spans at its end ([tracing] enabled); None: off.

@@ -26,6 +26,9 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# A benchmark's gateways start fresh, as the run they are compared with does.
+os.environ.setdefault("GATEWAY_HEALTH_STATE_FILE", "off")
+
 
 def request_log_lines(path: Path, since: int = 0) -> list[dict[str, Any]]:
     """The gateway log's per-request lines from line `since` on (one run's); others skipped."""

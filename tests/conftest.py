@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ from gateway.state import GATEWAY, GatewayState
 from gateway.tools.simulator import SimulatorConfig, start_simulator
 
 _ENCODING: tiktoken.Encoding | None = None
+
+# Gateways the tests start as processes (`serve`) learn each engine afresh: a state file
+# in the user's directory would carry one test's figures into another's gateway.
+os.environ.setdefault("GATEWAY_HEALTH_STATE_FILE", "off")
 
 
 def encoding() -> tiktoken.Encoding:

@@ -37,3 +37,8 @@ class HealthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     #: At start, measure each backend's prefill with three short and three long one-token
     #: completions (random words), so deadlines fit the engine before the first user waits.
     probe_on_start: bool = True
+    #: Where what was learned of the backends (prefill rate, first-token cost, decode
+    #: time, token ratio) is kept across a restart, by backend URL. Empty: the user's
+    #: state directory (`$XDG_STATE_HOME/llm-tail-gateway/learned.json`) when started
+    #: with `serve`; "off": nowhere, every start learns anew.
+    state_file: str = ""

@@ -179,6 +179,13 @@ class GatewayMetrics:
             ["lane"],
             registry=r,
         )
+        # The learned-state file (upstream/learned_state.py) that could not be read or
+        # written: the figures learned are not kept across a restart.
+        self.state_file_failures = Counter(
+            "gateway_state_file_failures",
+            "Reads and writes of the learned-state file ([health] state_file) that failed.",
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}

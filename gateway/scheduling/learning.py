@@ -29,6 +29,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 #: Samples each median is taken over.
 WINDOW = 48
@@ -211,6 +212,47 @@ class BackendModel:
     @property
     def prefill_learned(self) -> bool:
         return self._prefill_rate.learned
+
+    # -- kept across a restart (`upstream/learned_state.py`) ---------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The learned medians (what is still a prior is left out), as plain JSON."""
+        medians = {
+            "prefill_tokens_per_s": self._prefill_rate,
+            "ttft_overhead_s": self._overhead,
+            "tpot_s": self._tpot_all,
+            "token_ratio": self._token_ratio,
+        }
+        found: dict[str, Any] = {k: m.value for k, m in medians.items() if m.learned}
+        buckets = {str(b): m.value for b, m in self._tpot_by_streams.items() if m.learned}
+        if buckets:
+            found["tpot_s_by_streams_bucket"] = buckets
+        return found
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Start from figures learned before a restart: each as `MIN_SAMPLES` samples, so
+        they count as learned at once and the backend's own traffic outvotes them within
+        a few requests (a window of `WINDOW`)."""
+        medians = {
+            "prefill_tokens_per_s": self._prefill_rate,
+            "ttft_overhead_s": self._overhead,
+            "tpot_s": self._tpot_all,
+            "token_ratio": self._token_ratio,
+        }
+        for key, median in medians.items():
+            value = snapshot.get(key)
+            if isinstance(value, (int, float)) and value > 0:
+                for _ in range(MIN_SAMPLES):
+                    median.add(float(value))
+        for bucket, value in (snapshot.get("tpot_s_by_streams_bucket") or {}).items():
+            if str(bucket).isdigit() and isinstance(value, (int, float)) and value > 0:
+                median = self._tpot_by_streams.setdefault(int(bucket), WindowedMedian(0))
+                for _ in range(MIN_SAMPLES):
+                    median.add(float(value))
+
+    def forget(self) -> None:
+        """Back to the priors: the engine at this address changed, learn it anew."""
+        self.__init__()  # type: ignore[misc]
 
     def figures(self, streams: int = 1) -> LearnedFigures:
         return LearnedFigures(

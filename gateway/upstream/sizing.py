@@ -40,6 +40,7 @@ from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadl
 from gateway.scheduling.learning import changed_a_lot
 from gateway.scheduling.scheduler import LaneState, Scheduler
 from gateway.upstream.engine_timings import window_split
+from gateway.upstream.learned_state import LearnedState
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.probe import measure_prefill
 from gateway.upstream.questions import BackendQuestions, asked
@@ -49,6 +50,10 @@ from gateway.upstream.telemetry import BackendFacts, EngineLoad
 FACTS_EVERY_ROUNDS = 12
 #: Scrapes in a row that must show a queue inside the engine before dispatch is held.
 QUEUED_SCRAPES_TO_HOLD = 2
+#: A lane's queue deadline while its backends' prefill is not learned yet (at least the
+#: configured one): long enough for one long prefill on a CPU four times slower than a
+#: laptop's, so no refusal rests on figures not learned.
+UNLEARNED_DEADLINE_S = 60.0
 #: An engine whose KV cache is this full queues for want of memory, not between steps.
 KV_FULL = 0.9
 #: A backend whose /metrics said nothing this many times is scraped this much less often.
@@ -111,6 +116,10 @@ class BackendSizer:
         #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
         self.floors: dict[str, float] = {}
         self._warned: dict[str, float] = {}
+        #: Where the learned figures are kept across a restart (None: nowhere).
+        self.learned_state: LearnedState | None = None
+        # The deadlines in force from the first request: provisional until learned.
+        self.refit()
 
     async def round(self, through: aiohttp.ClientSession | BackendQuestions) -> None:
         """One sizing round: facts now and then, engine loads, then refit the lanes.
@@ -178,11 +187,16 @@ class BackendSizer:
         else:
             backend.lora.note_scrape(lora.running, lora.waiting, lora.max_lora, scraped_at)
 
+    def facts_of(self, backend: Backend) -> BackendFacts | None:
+        return self._known[backend.name].facts
+
     def apply_facts(self, backend: Backend, facts: BackendFacts | None) -> None:
         known = self._known[backend.name]
         if facts is None or facts == known.facts:
             return
         known.facts = facts
+        if self.learned_state is not None:
+            self.learned_state.check_facts(backend, facts)
         backend.lora.note_listed(facts.adapters or ())
         if facts.slots and not backend.concurrency_configured:
             backend.max_concurrency = facts.slots
@@ -294,6 +308,8 @@ class BackendSizer:
             floor = self.floor_s(lane.name, lane.max_prompt_tokens)
             self.floors[lane.name] = floor
             deadline = fitted_deadline_s(lane.queue_timeout_s, floor, lane.fit_timeout_to_engine)
+            if lane.fit_timeout_to_engine and not self.learned(lane.name):
+                deadline = max(deadline, UNLEARNED_DEADLINE_S)
             previous = self.scheduler.lane(lane.name).deadline_s
             self.scheduler.set_deadline(lane.name, deadline)
             if deadline != lane.queue_timeout_s and changed_a_lot(previous, deadline, 1.2):
@@ -303,6 +319,7 @@ class BackendSizer:
                     configured_s=lane.queue_timeout_s,
                     deadline_s=round(deadline, 2),
                     engine_floor_s=round(floor, 2),
+                    learned=self.learned(lane.name),
                 )
             elif floor > lane.queue_timeout_s and not lane.fit_timeout_to_engine:
                 self._warn_short_deadline(lane.name, lane.queue_timeout_s, floor)
@@ -336,6 +353,14 @@ class BackendSizer:
             "the lower lanes' floors: its requests wait or are refused whatever the order; "
             "add backends or slots, or lower its traffic",
         )
+
+    def learned(self, lane: str) -> bool:
+        """Every backend of `lane` has taught its prefill rate (its own traffic, the
+        start-up probe, or the state a restart kept). Until then the floor is the prior's
+        (a GPU's): a deadline fitted to it would refuse requests the engine serves a
+        moment later (a slow CPU: every short request behind the first long prefill), so
+        the lane's deadline is `UNLEARNED_DEADLINE_S` meanwhile."""
+        return all(b.model.prefill_learned for b in self.pool.backends_of(lane))
 
     def output_token_weight(self) -> float:
         """One output token's cost against a prompt token, for the tenants' fair share:

@@ -86,3 +86,18 @@ def test_an_engine_at_its_limit_with_requests_waiting_is_a_queue() -> None:
     assert scrapes(load(3, 16), load(4, 16)) >= 2  # at its batch limit
     assert scrapes(load(3, 20, 0.95), load(2, 18, 0.97)) >= 2  # out of KV cache
     assert scrapes(load(3, 16), load(0, 12), load(3, 16)) == 1
+
+
+def test_no_deadline_refusal_rests_on_figures_not_learned() -> None:
+    """Until the backend's prefill is learned the lane's deadline is a provisional long
+    one: the prior is a GPU's, and a slow CPU's first long prefill alone is 10 s."""
+    from gateway.upstream.sizing import UNLEARNED_DEADLINE_S
+
+    sizer, scheduler = sizer_with_slots(4)
+    short = sizer.settings.lanes[0]
+    assert scheduler.lane(short.name).deadline_s == UNLEARNED_DEADLINE_S
+    backend = sizer.pool.backends[0]
+    for _ in range(5):
+        backend.model.observe_ttft(1500, 0, 0.02 + 1500 / 20_000)
+    sizer.refit()
+    assert scheduler.lane(short.name).deadline_s == short.queue_timeout_s
