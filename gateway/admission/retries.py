@@ -6,13 +6,16 @@ moment into an outage: every copy takes a place in the queue that new work neede
 So the gateway remembers, for a while, a *fingerprint* of each request (who sent it
 and a hash of its body bytes, never the body) with what it got, and a request whose
 fingerprint it has seen is logged as a retry of the earlier one (`retry_of`, the gap,
-what the earlier got).
+what the earlier got), when the earlier one was refused, failed or given up on: the
+same body while the first is still in flight, or after it was served, is new work (a
+chat UI's server sends its users' identical "hi" from one address), unless it reuses
+the client's own `x-request-id`.
 
 Who sent it: the API key's name, else the tenant (the tenant header or the body's
 `user`), else the peer's address (and `X-Forwarded-For`, as sent); the `x-session-id`
 header is part of it when present. A client-sent `x-request-id` that comes again from
 the same sender is a retry too, whatever its body (the seed's sign; nginx in front
-passes the client's id or makes a unique one). A request seen while the earlier one is
+passes the client's id or makes a unique one). A request that reuses the id of one
 still in flight (a client that timed out and tried again while the gateway still
 serves the first) is a retry of it, with `retried_outcome` "in_flight" and no gap.
 
@@ -52,6 +55,11 @@ from gateway.scheduling.scheduler import DEFAULT_TENANT
 
 #: `retried_outcome` of a retry whose earlier request had not ended when it came.
 IN_FLIGHT = "in_flight"
+#: An identical body whose earlier copy is still in flight or was served is new work,
+#: not a retry (unless it reuses the client's x-request-id): a chat UI's server is one
+#: address for all its users, and 40 of them saying "hi" at once retried nothing (the
+#: analyzer called such a burst a retry storm).
+NOT_RETRIED = frozenset({IN_FLIGHT, Outcome.OK.value})
 #: A retry this close (seconds) before its Retry-After ran out is not damped: a client
 #: that waited measured its wait from another moment than the gateway did.
 DAMP_GRACE_S = 0.25
@@ -201,7 +209,7 @@ class RetryMemory:
                 earlier = None
         seen = Seen(request_id, fp.body_key, fp.request_id_key, now)
         self._put(seen, replace=True)
-        if earlier is None:
+        if earlier is None or (not by_id and earlier.outcome in NOT_RETRIED):
             return seen, None
         same_sender = fp.named or by_id
         return seen, self._retry(earlier, now, damp=same_sender and earlier.body_key == fp.body_key)

@@ -31,6 +31,11 @@ def served(memory: RetryMemory, fp: Fingerprint, rid: str, at: float, end: float
     memory.end(seen, "ok", None, "interactive", end)
 
 
+def failed(memory: RetryMemory, fp: Fingerprint, rid: str, at: float, end: float) -> None:
+    seen, _ = memory.arrive(fp, rid, at)
+    memory.end(seen, "backend_error", None, "interactive", end)
+
+
 def refused(
     memory: RetryMemory,
     fp: Fingerprint,
@@ -45,22 +50,39 @@ def refused(
 
 def test_the_same_body_from_the_same_tenant_within_the_window_is_a_retry() -> None:
     memory = RetryMemory(60.0, 100)
-    served(memory, of(), "r1", 0.0, 2.0)
+    failed(memory, of(), "r1", 0.0, 2.0)
     _, retry = memory.arrive(of(), "r2", 2.5)
     assert retry is not None
-    assert (retry.of, retry.gap_ms, retry.outcome, retry.lane) == ("r1", 500.0, "ok", "interactive")
-    assert retry.damp_s is None and retry.refusal() is None  # it was served: nothing to damp
+    assert (retry.of, retry.gap_ms, retry.outcome, retry.lane) == (
+        "r1",
+        500.0,
+        "backend_error",
+        "interactive",
+    )
+    assert retry.damp_s is None and retry.refusal() is None  # not refused: nothing to damp
+
+
+def test_the_same_body_in_flight_or_served_is_new_work_not_a_retry() -> None:
+    """A chat UI's server sends its users' identical "hi" from one address: copies while
+    the first is in flight, or after it was served, retried nothing."""
+    memory = RetryMemory(60.0, 100)
+    peer = of(tenant="default", peer="10.0.0.1")
+    first, _ = memory.arrive(peer, "r1", 0.0)
+    assert memory.arrive(peer, "r2", 0.1)[1] is None  # in flight beside it
+    memory.end(first, "ok", None, "interactive", 1.0)
+    served(memory, of(), "t1", 2.0, 3.0)
+    assert memory.arrive(of(), "t2", 3.5)[1] is None  # after it was served
 
 
 def test_another_body_or_another_sender_is_new_work() -> None:
     memory = RetryMemory(60.0, 100)
-    served(memory, of(), "r1", 0.0, 1.0)
+    failed(memory, of(), "r1", 0.0, 1.0)
     assert memory.arrive(of(body=BODY + b" "), "r2", 2.0)[1] is None
     assert memory.arrive(of(tenant="team-b"), "r3", 2.0)[1] is None
     assert memory.arrive(fingerprint(BODY, client="key-a", tenant="team-a"), "r4", 2.0)[1] is None
     # Without identity, two addresses, or two sessions, are two senders.
     peer = of(tenant="default", peer="10.0.0.1")
-    served(memory, peer, "p1", 3.0, 3.1)
+    failed(memory, peer, "p1", 3.0, 3.1)
     assert memory.arrive(of(tenant="default", peer="10.0.0.2"), "p2", 3.5)[1] is None
     assert memory.arrive(of(tenant="default", peer="10.0.0.1", session="s2"), "p3", 3.5)[1] is None
     assert memory.arrive(peer, "p4", 3.5)[1] is not None
@@ -68,10 +90,10 @@ def test_another_body_or_another_sender_is_new_work() -> None:
 
 def test_a_request_is_forgotten_window_s_after_it_ended() -> None:
     memory = RetryMemory(10.0, 100)
-    served(memory, of(), "r1", 0.0, 5.0)
+    failed(memory, of(), "r1", 0.0, 5.0)
     _, retry = memory.arrive(of(), "r2", 15.0)  # 10 s after its end: still remembered
     assert retry is not None and retry.gap_ms == 10_000.0
-    served(memory, of(body=b"later"), "r3", 20.0, 21.0)
+    failed(memory, of(body=b"later"), "r3", 20.0, 21.0)
     assert memory.arrive(of(body=b"later"), "r4", 31.5)[1] is None
     # Ended entries past the window are dropped, not only ignored; the two arrivals
     # above never ended: in flight, they are kept (with "last", three in all).
@@ -82,7 +104,7 @@ def test_a_request_is_forgotten_window_s_after_it_ended() -> None:
 def test_the_memory_holds_at_most_max_entries_the_oldest_go_first() -> None:
     memory = RetryMemory(60.0, 3)
     for i in range(5):
-        served(memory, of(body=b"body %d" % i), f"r{i}", float(i), float(i) + 0.5)
+        failed(memory, of(body=b"body %d" % i), f"r{i}", float(i), float(i) + 0.5)
     assert len(memory) == 3
     assert memory.arrive(of(body=b"body 1"), "again1", 6.0)[1] is None  # evicted
     # (that arrival evicted body 2 in turn); the newest are still there
@@ -107,22 +129,27 @@ def test_a_reused_x_request_id_is_a_retry_whatever_its_body() -> None:
 
 def test_a_retry_while_the_first_is_in_flight_is_seen_with_no_gap() -> None:
     memory = RetryMemory(5.0, 100)
-    first, _ = memory.arrive(of(), "r1", 0.0)
-    _, retry = memory.arrive(of(), "r2", 30.0)  # past the window: still in flight counts
-    assert retry is not None and (retry.of, retry.gap_ms, retry.outcome) == ("r1", None, IN_FLIGHT)
+    mine = of(request_id="impatient")
+    first, _ = memory.arrive(mine, "impatient", 0.0)
+    _, retry = memory.arrive(mine, "impatient", 30.0)  # past the window: still in flight
+    assert retry is not None and (retry.of, retry.gap_ms, retry.outcome) == (
+        "impatient",
+        None,
+        IN_FLIGHT,
+    )
     assert retry.refusal() is None
     # The first ends after its copy arrived: the copy stays the one remembered.
     memory.end(first, "ok", None, "interactive", 31.0)
-    _, third = memory.arrive(of(), "r3", 31.5)
-    assert third is not None and third.of == "r2"
+    _, third = memory.arrive(mine, "impatient", 31.5)
+    assert third is not None and third.outcome == IN_FLIGHT
 
 
 def test_an_in_flight_request_outlives_the_window_in_memory() -> None:
     memory = RetryMemory(5.0, 100)
-    long_one, _ = memory.arrive(of(body=b"long"), "long", 0.0)
+    long_one, _ = memory.arrive(of(body=b"long", request_id="L"), "L", 0.0)
     for i in range(20):  # arrivals long after it started expire the old ones around it
-        served(memory, of(body=b"short %d" % i), f"s{i}", 10.0 * i, 10.0 * i + 1)
-    _, retry = memory.arrive(of(body=b"long"), "long-again", 200.0)
+        failed(memory, of(body=b"short %d" % i), f"s{i}", 10.0 * i, 10.0 * i + 1)
+    _, retry = memory.arrive(of(body=b"long", request_id="L"), "L", 200.0)
     assert retry is not None and retry.outcome == IN_FLIGHT
     memory.end(long_one, "ok", None, "bulk", 201.0)
 
