@@ -188,7 +188,7 @@ def test_verdicts_on_the_samples() -> None:
         return source_analysis(found, unknown)
 
     text, js = of("tgi.log"), of("tgi.json.log")
-    assert text["tgi"]["verdict"] == js["tgi"]["verdict"] == "queue"
+    assert text["tgi"]["verdict"] == js["tgi"]["verdict"] == "queueing"
     assert text["tgi"]["total_ms"] == js["tgi"]["total_ms"]
     assert text["tgi"]["longest_waits"][0]["queue_ms"] == pytest.approx(4200)
     assert text["unreadable_lines"] == 2  # the launcher's line and a line cut in the middle
@@ -233,7 +233,7 @@ def test_cli_on_mixed_files_text_and_json(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "TGI log: 40 requests" in out.stdout
-    assert "are queue-bound" in out.stdout
+    assert "are queueing-bound" in out.stdout
     assert "nginx cannot split queue from prefill" in out.stdout
     data = json.loads((tmp_path / "a.json").read_text())
     assert data["sources"]["tgi"]["requests"] == 40

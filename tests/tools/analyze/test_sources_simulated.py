@@ -87,5 +87,5 @@ def test_simulator_log_read_by_analyze(fmt: str, tmp_path: Path) -> None:
         assert "200: 7" in out.stdout  # six chats and the health probe
     else:
         assert "TGI log: 6 requests" in out.stdout
-        assert "verdict: the slowest 1 request(s) are queue-bound" in out.stdout
+        assert "verdict: the slowest 1 request(s) are queueing-bound" in out.stdout
     assert "lines no reader knew: 0" in out.stdout

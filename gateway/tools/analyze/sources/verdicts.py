@@ -42,7 +42,9 @@ def tgi_verdict(
     queue = sum(e.get("queue_ms", 0.0) for e in tail)
     inference = sum(e.get("inference_ms", 0.0) for e in tail)
     share = queue / (queue + inference) if queue + inference > 0 else None
-    kind = None if share is None else ("queue" if share > QUEUE_BOUND_SHARE else "model")
+    # The verdict vocabulary of our own log's tail (`analyzer.verdict`): a JSON consumer
+    # reads one set of words whatever the source.
+    kind = None if share is None else ("queueing" if share > QUEUE_BOUND_SHARE else "backend")
     waited = sorted(entries, key=lambda e: e["queue_ms"], reverse=True)[:LONGEST_LISTED]
     return {
         "requests": len(entries),
