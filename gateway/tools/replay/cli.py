@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import multiprocessing
 import os
@@ -19,7 +20,10 @@ from typing import Any
 
 import msgspec
 
+from gateway.app import build_pools
 from gateway.config import ConfigError, Settings, load_settings
+from gateway.observability.logs import make_logger
+from gateway.outcomes import ModelNotFound
 from gateway.tools.replay.model import capacity_rps, scaled, source_rps, speed_for_load
 from gateway.tools.replay.report import meets, smallest_fleet, summary, table
 from gateway.tools.replay.report_html import render_html
@@ -116,6 +120,34 @@ def settings_for(config_path: str | None, backends: int | None, slots: int) -> S
     return msgspec.structs.replace(settings, backends=made)
 
 
+def pool_lines(arrivals: list[Arrival], settings: Settings, config: SimulatorConfig) -> list[str]:
+    """With several model pools, what each sustains of its own requests: the pools share
+    no backend, so the sum over all backends says nothing of one model's overload."""
+    router = build_pools(settings, make_logger(io.StringIO(), "error"))
+    if len(router.pools) < 2:
+        return []
+    by_pool: dict[str, list[Arrival]] = {each.name: [] for each in router.pools}
+    unserved = 0
+    for arrival in arrivals:
+        try:
+            by_pool[router.resolve(arrival.model).pool.name].append(arrival)
+        except ModelNotFound:
+            unserved += 1
+    lines = []
+    for each in router.pools:
+        mine, backends = by_pool[each.name], len(each.pool.backends)
+        if not mine:
+            lines.append(f"  pool {each.name}: {backends} backends, no requests of its models")
+            continue
+        lines.append(
+            f"  pool {each.name}: {len(mine)} requests ({source_rps(mine):.2f}/s); "
+            f"{backends} backends sustain {capacity_rps(mine, config, backends):.2f}/s of them"
+        )
+    if unserved:
+        lines.append(f"  {unserved} requests name a model no pool serves (404 model_not_found)")
+    return lines
+
+
 def _backend(fields: dict[str, Any]) -> Any:
     from gateway.config import BackendSettings
 
@@ -191,6 +223,8 @@ def main(args: argparse.Namespace) -> int:
     )
     print(engine_line)
     print(traffic_line)
+    for line in pool_lines(arrivals, settings, config):
+        print(line)
     started = time.perf_counter()
     result = replay(arrivals, settings, config)
     print(table(result))

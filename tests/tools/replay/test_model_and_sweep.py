@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway.tools.replay.model import (
@@ -50,3 +52,29 @@ def test_the_sweep_finds_the_fewest_backends_and_tries_few(needed: int) -> None:
 
 def test_the_sweep_says_none_when_even_the_most_misses() -> None:
     assert smallest_fleet(lambda n: False, 1, 8) is None
+
+
+def test_with_model_pools_each_pools_capacity_is_said_apart(tmp_path: Path) -> None:
+    """Two models on a backend each: what each pool sustains of its own requests (the
+    sum over both backends said "2 backends sustain 4.05/s" of a two-model mix)."""
+    from gateway.config import load_settings
+    from gateway.tools.replay.cli import pool_lines
+
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[[backends]]\nurl = "http://a.invalid"\nmodels = ["chat"]\n\n'
+        '[[backends]]\nurl = "http://b.invalid"\nmodels = ["code"]\n'
+    )
+    arrivals = [Arrival(i * 0.1, 50, 32, model="chat") for i in range(30)]
+    arrivals += [Arrival(i * 0.5, 3000, 256, model="code") for i in range(6)]
+    arrivals += [Arrival(1.0, 10, 10, model="nobody")]
+    lines = pool_lines(
+        sorted(arrivals, key=lambda a: a.at_s), load_settings(config), SimulatorConfig()
+    )
+    assert len(lines) == 3
+    chat = next(line for line in lines if "30 requests" in line)
+    code = next(line for line in lines if "6 requests" in line)
+    assert "1 backends sustain" in chat and "1 backends sustain" in code
+    rate = lambda line: float(line.split("sustain ")[1].split("/s")[0])  # noqa: E731
+    assert rate(chat) > 5 * rate(code)  # short chat turns against long code prompts
+    assert "1 requests name a model no pool serves" in lines[-1]
