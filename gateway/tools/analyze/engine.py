@@ -25,7 +25,9 @@ dispatch (arrival + ttft_ms − backend_ttft_ms) and end give, per backend, how
 many requests were in flight when each one was sent. Requests sent while few
 were in flight start at once; past what the engine batches, they wait in it.
 The advice is the highest in-flight count still queue-free below the lowest one
-at which requests queued in the engine.
+at which requests queued in the engine. A request whose engine wait was another,
+bigger prompt's prefill (`behind_prefill`: chunked prefill makes a short prompt wait
+for a long one's chunks) did not queue for a batch place and does not count.
 
 Plain functions over plain dicts, like the rest of the analyzer.
 """
@@ -76,6 +78,13 @@ HANDOVER_S = 1e-5
 SLOT_MIN_SAMPLES = 3
 #: ... and counts as queueing when more than this share of them queued in the engine.
 SLOT_QUEUED_SHARE = 0.1
+#: A request waited behind another prompt's prefill, not for a batch place, when a
+#: bigger prompt sent before it was in prefill for this share of its engine-queue time.
+BEHIND_PREFILL_SHARE = 0.5
+#: A prompt that holds others up in its prefill: this many tokens, and this many times
+#: the waiting request's own.
+LONG_PROMPT_TOKENS = 256
+BIGGER_PROMPT = 2.0
 #: The bands of the per-percentile bars: (label, from, to) in percent of a lane's
 #: requests ranked by their measure; the last is the tail the default verdict reads.
 BANDS: tuple[tuple[str, float, float], ...] = (
@@ -198,9 +207,54 @@ def backend_slots(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
     return {backend: _slots(spans[backend]) for backend in sorted(spans)}
 
 
+def behind_prefill(spans: list[tuple[float, float, Record]]) -> set[int]:
+    """The requests (by `id`) whose engine-queue time is another prompt's prefill: for at
+    least `BEHIND_PREFILL_SHARE` of their wait in the engine, a long prompt (at least
+    `LONG_PROMPT_TOKENS`, `BIGGER_PROMPT` times theirs) was in its prefill there. An engine that chunks its prefill (vLLM, SGLang)
+    makes a short prompt wait for a long one's remaining chunks: that is prefill
+    interference, which the gateway's prefill budget bounds, not a batch too small for
+    its slots (fewer slots there would cut its throughput and not that wait)."""
+    prefills = []
+    for start, _, record in spans:
+        backend_ttft, prefill = number(record, "backend_ttft_ms"), number(record, "prefill_ms")
+        tokens = number(record, "prompt_tokens") or 0.0
+        if backend_ttft is not None and prefill and tokens >= LONG_PROMPT_TOKENS:
+            first = start + backend_ttft / 1000.0
+            prefills.append((first - prefill / 1000.0, first, tokens))
+    found: set[int] = set()
+    for start, _, record in spans:
+        wait = (number(record, "engine_queue_ms") or 0.0) / 1000.0
+        if wait <= 0 or not queued_in_engine(record):
+            continue
+        own = number(record, "prompt_tokens") or 0.0
+        until = start + wait
+        covered = _covered(
+            [
+                (max(start, p_start), min(until, p_end))
+                for p_start, p_end, tokens in prefills
+                if p_end > start and p_start < until and tokens >= BIGGER_PROMPT * own
+            ]
+        )
+        if covered >= BEHIND_PREFILL_SHARE * wait:
+            found.add(id(record))
+    return found
+
+
+def _covered(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of these intervals."""
+    total, reach = 0.0, float("-inf")
+    for low, high in sorted(i for i in intervals if i[1] > i[0]):
+        if high <= reach:
+            continue
+        total += high - max(low, reach)
+        reach = high
+    return total
+
+
 def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
     starts = sorted(start for start, _, _ in spans)
     stops = sorted(stop for _, stop, _ in spans)
+    interference = behind_prefill(spans)
     by_count: dict[int, list[Record]] = defaultdict(list)
     for start, _, record in spans:
         # Sent before or with it and not ended by then, itself included. A request that
@@ -212,7 +266,7 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
     table: dict[int, dict[str, Any]] = {}
     for count in sorted(by_count):
         known = [r for r in by_count[count] if queued_in_engine(r) is not None]
-        queued = sum(bool(queued_in_engine(r)) for r in known)
+        queued = sum(bool(queued_in_engine(r)) and id(r) not in interference for r in known)
         waits = [w for r in known if (w := number(r, "engine_queue_ms")) is not None]
         table[count] = {
             "requests": len(by_count[count]),
@@ -239,7 +293,13 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         # request got its seat still says how many it batches.
         advised = ran
         basis = f"the engine ran {ran} at once while requests waited in it"
-    if first_queued is None:
+    if first_queued is None and interference:
+        note = (
+            f"{len(interference)} requests waited in the engine behind a bigger prompt's "
+            "prefill (chunked prefill: prefill interference, not too many slots; the "
+            "gateway's prefill budget bounds it), none for a batch place"
+        )
+    elif first_queued is None:
         note = "no in-flight count queued in the engine"
     elif advised is None and first_queued == 1:
         note = "requests queued in the engine even when sent alone (is it shared with others?)"
@@ -254,6 +314,7 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         "advised_max_concurrency": advised,
         "basis": basis,
         "note": note,
+        "behind_prefill": len(interference),
         "by_in_flight": {str(c): row for c, row in table.items()},
     }
 

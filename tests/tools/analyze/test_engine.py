@@ -13,6 +13,7 @@ from gateway.tools.analyze import analyze, format_report
 from gateway.tools.analyze.analyzer import TWO_PART_NOTE
 from gateway.tools.analyze.engine import (
     ENGINE_FIELDS,
+    _slots,
     backend_slots,
     engine_parts,
     engine_ran,
@@ -243,3 +244,33 @@ def test_a_queueing_tail_behind_stalled_decode_says_so() -> None:
     steady = [stream_line(i, 110.0 if i % 10 == 0 else 100.0) for i in range(40)]
     assert not analyze(steady)["lanes"]["interactive"]["tail"]["decode_stall"]["stalled"]
     assert "decode stalled" not in format_report(analyze(steady))
+
+
+def chunked_engine_spans(with_long_prompts: bool) -> list[tuple[float, float, dict[str, object]]]:
+    """A chunked-prefill engine of 16 seats, never full: every 2 s a 3000-token prompt
+    prefills for 0.6 s, and the short prompts sent meanwhile wait out its chunks."""
+    spans: list[tuple[float, float, dict[str, object]]] = []
+    for second in range(0, 40, 2):
+        if with_long_prompts:
+            long = {"prompt_tokens": 3000, "backend_ttft_ms": 600.0, "prefill_ms": 600.0,
+                    "engine_queue_ms": 0.0, "tpot_ms": 12.0}  # fmt: skip
+            spans.append((float(second), second + 6.0, long))
+        for k in range(4):  # sent 0.1-0.4 s into the long prefill, at 2..5 in flight
+            at = second + 0.1 * (k + 1)
+            waited = (second + 0.6 - at) * 1000.0
+            short = {"prompt_tokens": 50, "backend_ttft_ms": waited + 20.0, "prefill_ms": 20.0,
+                     "engine_queue_ms": waited, "tpot_ms": 12.0}  # fmt: skip
+            spans.append((at, at + 1.0, short))
+    return spans
+
+
+def test_a_wait_behind_a_long_prefill_is_prefill_interference_not_too_many_slots() -> None:
+    """On vLLM-style chunked prefill the analyzer said "it batches 6: max_concurrency 6"
+    of an engine of 16, whose short requests waited for a long prompt's chunks."""
+    slots = _slots(chunked_engine_spans(with_long_prompts=True))
+    assert slots["advised_max_concurrency"] is None
+    assert slots["behind_prefill"] == 80
+    assert "prefill interference" in slots["note"]
+    # The same waits with no long prompt in prefill: a queue for a batch place.
+    slots = _slots(chunked_engine_spans(with_long_prompts=False))
+    assert slots["behind_prefill"] == 0 and slots["first_queued_in_flight"] is not None
