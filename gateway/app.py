@@ -38,7 +38,7 @@ from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.learned_state import OFF as LEARNED_STATE_OFF
 from gateway.upstream.learned_state import SAVE_EVERY_S as LEARNED_SAVE_EVERY_S
-from gateway.upstream.learned_state import LearnedState
+from gateway.upstream.learned_state import LearnedState, SharedLearnedState
 from gateway.upstream.models import CATCH_ALL, ModelPool, ModelRouter, pool_key
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
@@ -118,7 +118,7 @@ def build_app(
     # Tenant quotas (#11): in the fleet's Redis, or local without one.
     state.quotas = TenantQuotas.for_fleet(settings.api_keys, state.fleet, metrics.registry)
     metrics.watch(scheduler, pool, state.sizer.floors)
-    state.learned_state = restore_learned(settings, router, events, metrics)
+    state.learned_state = restore_learned(settings, router, events, metrics, state.fleet)
     state.model_metrics = ModelMetrics(metrics.registry, router)
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
@@ -242,7 +242,7 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
         keeping.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await keeping
-        save_learned(state, state.learned_state)  # type: ignore[arg-type]
+        await save_learned(state, state.learned_state)  # type: ignore[arg-type]
     if warm_up is not None:
         ready_anyway.cancel()
         warm_up.cancel()
@@ -261,37 +261,53 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 def restore_learned(
-    settings: Settings, router: ModelRouter, events: Any, metrics: GatewayMetrics
+    settings: Settings, router: ModelRouter, events: Any, metrics: GatewayMetrics, fleet: Any
 ) -> LearnedState | None:
     """What an earlier run learned of these backends, back in their models before the
-    first request (`upstream/learned_state.py`); the lanes refitted to it."""
+    first request (`upstream/learned_state.py`), the lanes refitted to it: from the state
+    file now, or with [redis] from the fleet's Redis when the fleet starts."""
     path = settings.health.state_file
-    if not path or path == LEARNED_STATE_OFF:
+    if path == LEARNED_STATE_OFF or not (path or fleet is not None):
         return None
+    if fleet is not None:
+        shared = SharedLearnedState(fleet.store, events)
+        for each in router.pools:
+            each.sizer.learned_state = shared
+        return shared
     learned = LearnedState(path, events, on_failure=metrics.state_file_failures.inc)
-    backends = [backend for each in router.pools for backend in each.pool.backends]
-    learned.restore(backends)
+    learned.restore(_all_backends(router))
     for each in router.pools:
         each.sizer.learned_state = learned
         each.sizer.refit()
     return learned
 
 
+def _all_backends(router: ModelRouter) -> list[Backend]:
+    return [backend for each in router.pools for backend in each.pool.backends]
+
+
 async def _keep_learned(state: GatewayState, learned: LearnedState) -> None:
-    """Write the learned figures every SAVE_EVERY_S (and once more at shutdown)."""
+    """With [redis], the fleet's figures first; then write every SAVE_EVERY_S (and once
+    more at shutdown)."""
+    if isinstance(learned, SharedLearnedState):
+        if await learned.restore_shared(_all_backends(state.pools)):
+            for each in state.pools.pools:
+                each.sizer.refit()
     while True:
         await asyncio.sleep(LEARNED_SAVE_EVERY_S)
-        save_learned(state, learned)
+        await save_learned(state, learned)
 
 
-def save_learned(state: GatewayState, learned: LearnedState) -> None:
-    backends = [backend for each in state.pools.pools for backend in each.pool.backends]
+async def save_learned(state: GatewayState, learned: LearnedState) -> None:
     facts = {
         backend.name: each.sizer.facts_of(backend)
         for each in state.pools.pools
         for backend in each.pool.backends
     }
-    learned.save(backends, facts)
+    if isinstance(learned, SharedLearnedState):
+        await learned.save_shared(_all_backends(state.pools), facts)
+    else:
+        learned.save(_all_backends(state.pools), facts)
 
 
 async def _warm_up_all(state: GatewayState) -> None:

@@ -80,8 +80,12 @@ class LearnedState:
         except (OSError, ValueError) as error:
             self._warn("state_unreadable", error)
             return 0
+        return self.restore_from(raw, backends)
+
+    def restore_from(self, raw: Any, backends: Iterable[Backend]) -> int:
+        """`restore` from a document already read (the file's, or Redis's)."""
         saved = raw.get("backends") if isinstance(raw, dict) else None
-        if raw.get("format") != FORMAT or not isinstance(saved, dict):
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT or not isinstance(saved, dict):
             return 0
         restored = 0
         now = self._clock()
@@ -100,7 +104,7 @@ class LearnedState:
                 backend=backend.name,
                 age_s=round(age, 1),
                 learned=entry["figures"],
-                path=str(self.path),
+                source=self.source,
             )
         return restored
 
@@ -125,12 +129,30 @@ class LearnedState:
     def save(self, backends: Iterable[Backend], facts: dict[str, BackendFacts | None]) -> bool:
         """Write the learned figures of these backends (keeping other URLs' entries, a
         replica of another config's, as they were); False on failure (warned)."""
-        now = self._clock()
         try:
             raw = json.loads(self.path.read_text())
-            saved = raw["backends"] if raw.get("format") == FORMAT else {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            saved = {}
+        except (OSError, ValueError):
+            raw = None
+        document = self.merged(raw, backends, facts)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            partial.write_text(json.dumps(document, indent=1))
+            os.replace(partial, self.path)
+        except OSError as error:
+            self._warn("state_unwritable", error)
+            return False
+        return True
+
+    def merged(
+        self, raw: Any, backends: Iterable[Backend], facts: dict[str, BackendFacts | None]
+    ) -> dict[str, Any]:
+        """The document `raw` with these backends' figures as of now (and entries past
+        `MAX_AGE_S` dropped)."""
+        now = self._clock()
+        saved = {}
+        if isinstance(raw, dict) and raw.get("format") == FORMAT:
+            saved = {k: v for k, v in (raw.get("backends") or {}).items() if isinstance(v, dict)}
         for backend in backends:
             figures = backend.model.snapshot()
             if figures:
@@ -139,16 +161,16 @@ class LearnedState:
                     "figures": figures,
                     "facts": fingerprint(facts.get(backend.name)),
                 }
-        saved = {url: e for url, e in saved.items() if now - e.get("saved_at", 0) <= MAX_AGE_S}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            partial.write_text(json.dumps({"format": FORMAT, "backends": saved}, indent=1))
-            os.replace(partial, self.path)
-        except OSError as error:
-            self._warn("state_unwritable", error)
-            return False
-        return True
+        saved = {
+            url: entry
+            for url, entry in saved.items()
+            if now - float(entry.get("saved_at", 0)) <= MAX_AGE_S
+        }
+        return {"format": FORMAT, "backends": saved}
+
+    @property
+    def source(self) -> str:
+        return str(self.path)
 
     def _warn(self, event: str, error: Exception) -> None:
         self.failures += 1
@@ -161,3 +183,43 @@ class LearnedState:
             hint="what was learned of the backends is not kept across a restart: "
             'set [health] state_file to a writable path, or "off"',
         )
+
+
+class SharedLearnedState(LearnedState):
+    """The same figures in the fleet's Redis ([redis]): one document for every replica,
+    so a replica started in a rolling upgrade starts from what the fleet learned. Redis
+    down is the store's warning and `gateway_redis_errors_total{op="learned_state"}`."""
+
+    def __init__(self, store: Any, events: Any, *, clock: Any = time.time) -> None:
+        super().__init__(store.key("learned"), events, clock=clock)
+        self.store = store
+        self.redis_key = store.key("learned")
+
+    @property
+    def source(self) -> str:
+        return f"redis:{self.redis_key}"
+
+    async def restore_shared(self, backends: Iterable[Backend]) -> int:
+        raw = await self.store.call("learned_state", lambda: self.store.client.get(self.redis_key))
+        if not raw:
+            return 0
+        try:
+            return self.restore_from(json.loads(raw), backends)
+        except ValueError as error:
+            self._warn("state_unreadable", error)
+            return 0
+
+    async def save_shared(
+        self, backends: Iterable[Backend], facts: dict[str, BackendFacts | None]
+    ) -> bool:
+        client, key = self.store.client, self.redis_key
+        raw = await self.store.call("learned_state", lambda: client.get(key))
+        try:
+            before = json.loads(raw) if raw else None
+        except ValueError:
+            before = None
+        document = json.dumps(self.merged(before, backends, facts))
+        done = await self.store.call(
+            "learned_state", lambda: client.set(key, document, ex=int(MAX_AGE_S))
+        )
+        return bool(done)

@@ -102,3 +102,37 @@ def test_an_unwritable_or_garbled_file_is_a_warning_not_a_failure(tmp_path: Path
     assert state(garbled, clock).restore([backend()]) == 0
     assert state(garbled, clock).save([slow_cpu(backend())], {})  # written anew
     assert state(garbled, clock).restore([backend()]) == 1
+
+
+async def test_with_redis_a_replica_starts_from_what_the_fleet_learned(redis_server) -> None:  # type: ignore[no-untyped-def]
+    """[redis]: the figures go to the fleet's Redis, and a replica started later (a rolling
+    upgrade) restores them from there, its age said."""
+    from prometheus_client import CollectorRegistry
+
+    from gateway.config import RedisSettings
+    from gateway.fleet.store import SharedStore
+    from gateway.upstream.learned_state import SharedLearnedState
+
+    clock = Clock()
+    stores = [
+        SharedStore(
+            RedisSettings(url=redis_server.url),
+            events=make_logger(io.StringIO(), "info"),
+            registry=CollectorRegistry(),
+        )
+        for _ in range(2)
+    ]
+    try:
+        first = SharedLearnedState(stores[0], make_logger(io.StringIO(), "info"), clock=clock)
+        assert await first.save_shared([slow_cpu(backend())], {"cpu": LLAMA})
+        clock.now += 30
+        log = io.StringIO()
+        second = SharedLearnedState(stores[1], make_logger(log, "info"), clock=clock)
+        fresh = backend()
+        assert await second.restore_shared([fresh]) == 1
+        assert abs(fresh.model.prefill_tokens_per_s - 140) < 1
+        line = json.loads(log.getvalue().splitlines()[-1])
+        assert line["age_s"] == 30 and line["source"].startswith("redis:")
+    finally:
+        for store in stores:
+            await store.close()
