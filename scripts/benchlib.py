@@ -26,9 +26,6 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# A benchmark's gateways start fresh, as the run they are compared with does.
-os.environ.setdefault("GATEWAY_HEALTH_STATE_FILE", "off")
-
 
 def request_log_lines(path: Path, since: int = 0) -> list[dict[str, Any]]:
     """The gateway log's per-request lines from line `since` on (one run's); others skipped."""
@@ -96,8 +93,11 @@ class Process:
 
 
 def _child_env() -> dict[str, str]:
-    """The environment without GATEWAY_* overrides: a benchmark's config is its TOML alone."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    """The environment without GATEWAY_* overrides: a benchmark's config is its TOML alone;
+    and no learned state kept from an earlier run: its gateways start fresh, as the ones
+    they are compared with do."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    return {**env, "GATEWAY_HEALTH_STATE_FILE": "off"}
 
 
 async def start_simulator(flags: Sequence[str] = (), name: str = "simulator") -> Process:
