@@ -43,8 +43,10 @@ from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.affinity import SESSION_HEADER, session_key
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.learn import learn_from, split_time
-from gateway.upstream.pool import Backend, RouteHint
+from gateway.upstream.pool import Backend, BackendPool, RouteHint
 from gateway.upstream.relay import RelayPlan
+from gateway.upstream.resume import Resumer
+from gateway.upstream.seam import DISABLED, NO_BACKEND, REQUEST_SHAPE, RelayedEvents, Seam
 
 MAX_REQUEST_ID_LENGTH = 128
 
@@ -223,6 +225,8 @@ def relay_plan(
     on_first_byte: Callable[[], None],
     early: EarlyStream | None = None,
     trace: TraceContext | None = None,
+    relayed: RelayedEvents | None = None,
+    resume_blocked: str | None = None,
 ) -> RelayPlan:
     """What to send to `backend` for one attempt (the body was encoded once, before)."""
     if backend.priority_field:
@@ -248,7 +252,23 @@ def relay_plan(
         on_first_byte=on_first_byte,
         early_response=None if early is None else early.response,
         stop_early=None if early is None else early.stop,
+        relayed=relayed,
+        resume_blocked=resume_blocked,
     )
+
+
+def resume_blocked(
+    state: GatewayState, dialect: Dialect, shape: RequestShape, pool: BackendPool
+) -> str | None:
+    """Why this request's answer could not be carried over should its backend fail
+    mid-stream (None: it could, and what the client gets is kept for that)."""
+    if not shape.stream:
+        return REQUEST_SHAPE
+    if not state.settings.resume.enabled:
+        return DISABLED
+    if len(pool.backends) < 2:
+        return NO_BACKEND
+    return dialect.not_resumable(shape)
 
 
 def retry_fingerprint(
@@ -437,10 +457,12 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         headers.update(queue_headers(record.queue_ms))
         priority = state.settings.lanes.index(admission.lane)
 
-        def plan_for(backend: Backend) -> RelayPlan:
+        blocked = resume_blocked(state, dialect, shape, pool)
+
+        def plan_for(backend: Backend, body: bytes = backend_body) -> RelayPlan:
             return relay_plan(
                 backend,
-                backend_body,
+                body,
                 dialect=dialect,
                 shape=shape,
                 request_id=record.request_id,
@@ -449,7 +471,15 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 on_first_byte=lambda: scheduler.prefill_done(held),
                 early=early,
                 trace=record.trace,
+                relayed=None if blocked else RelayedEvents(state.settings.resume.buffer_bytes),
+                resume_blocked=blocked,
             )
+
+        def continue_for(backend: Backend, seam: Seam) -> RelayPlan | None:
+            fields = dialect.continuation(
+                backend_fields, seam, budget.max_tokens - seam.tokens, backend.engine
+            )
+            return None if fields is None else plan_for(backend, encode_backend_body(fields))
 
         state.shadow.offer(record, dialect, shape, backend_body, route)  # sync: its own task
         response = await dispatch(
@@ -461,6 +491,16 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
             plan_for=plan_for,
             move_elsewhere=lambda: moved(
                 scheduler.reassign(held, shape.prompt_tokens, budget.total, hint), leases, held
+            ),
+            resumer=Resumer(
+                state.settings.resume.max_resumes,
+                move_elsewhere=lambda: moved(
+                    scheduler.reassign(held, shape.prompt_tokens, budget.total, hint),
+                    leases,
+                    held,
+                ),
+                backend=lambda: held.slot.backend,
+                continue_for=continue_for,
             ),
         )
         return response if early is None else await settled(early, response, record, dialect)

@@ -176,6 +176,10 @@ class Backend:
     priority_field: bool = False
     #: max_concurrency came from the config (else from the engine, or the default).
     concurrency_configured: bool = True
+    #: What engine it is ("vllm", "sglang", "llama.cpp", "tgi", "simulator"): how an
+    #: answer is continued there (`resume.py`); None: unknown, never resumed on.
+    engine: str | None = None
+    engine_configured: bool = False
     in_flight: int = 0
     #: Requests ever sent here (so a probe can tell it had the backend to itself).
     dispatches: int = 0
@@ -236,6 +240,8 @@ class Backend:
             api_key=settings.api_key,
             priority_field=settings.priority_field,
             concurrency_configured=settings.max_concurrency is not None,
+            engine=settings.engine,
+            engine_configured=settings.engine is not None,
         )
 
     @property

@@ -22,6 +22,7 @@ from gateway.observability.record import RequestRecord, clock
 from gateway.outcomes import BackendError, BackendTimeout, Outcome, Refusal
 from gateway.upstream.engine_timings import llamacpp_timings, tgi_headers
 from gateway.upstream.pool import Backend
+from gateway.upstream.seam import RelayedEvents
 from gateway.upstream.sse import StreamWatcher
 
 if TYPE_CHECKING:
@@ -154,6 +155,26 @@ class BackendFailure(BackendError):
         self.passthrough = passthrough
 
 
+#: Why an answer was carried over to another backend (the log's `resume_reason`).
+BROKEN, STALLED, DRAINED = "broken", "stalled", "drained"
+
+
+class StreamBroken(Exception):
+    """The backend failed after the client's stream had started, and what the client got
+    was kept (`RelayPlan.relayed`): the caller may continue the answer elsewhere.
+
+    Only whole events reached the client; its stream is open, without an end."""
+
+    def __init__(
+        self, reason: str, client_response: web.StreamResponse, plan: RelayPlan, message: str
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.client_response = client_response
+        self.plan = plan
+        self.message = message
+
+
 def _unreachable(backend: Backend, exc: BaseException) -> BackendFailure:
     return BackendFailure(f"Backend {backend.name} is unreachable ({type(exc).__name__}).")
 
@@ -244,6 +265,11 @@ class RelayPlan:
     #: keep-alive comments), and how to stop those before the relay writes to it.
     early_response: web.StreamResponse | None = None
     stop_early: Callable[[], Awaitable[None]] | None = None
+    #: The whole events relayed so far, kept when the answer could be resumed elsewhere
+    #: should this backend fail mid-stream (None: it could not; nothing is kept).
+    relayed: RelayedEvents | None = None
+    #: Why not (`seam.py`'s reasons), for the record when the stream does break.
+    resume_blocked: str | None = None
 
 
 async def relay(
@@ -287,7 +313,7 @@ async def relay(
             raise error from None
         record.outcome = error.outcome
         record.error_code = error.code
-        await _end_with_error(client_response, plan.error_event(error))
+        await end_with_error(client_response, plan.error_event(error))
         return client_response
     finally:
         watchdog.stop()
@@ -374,10 +400,21 @@ async def _relay_stream(
         await client_response.prepare(request)
         record.status = 200
         chunk = first
+        relayed = plan.relayed
+        watcher.hold_errors = relayed is not None
         while True:
             out = watcher.feed(chunk)
             if record.first_token is None and watcher.first_token_seen:
                 record.first_token = clock()
+            if relayed is not None:  # what the client has, for a seam (no parsing here)
+                if out:
+                    relayed.keep(out)
+                if watcher.held_error:  # an error event mid-answer: resumed, not relayed
+                    if out:
+                        await client_response.write(out)
+                    raise StreamBroken(
+                        BROKEN, client_response, plan, "The backend sent an error mid-stream."
+                    )
             if content.at_eof():  # the backend's stream is over: `out` goes with its end
                 break
             if out:
@@ -392,6 +429,11 @@ async def _relay_stream(
                 out = b""
                 break
         tail = watcher.flush()
+        if relayed is not None and not watcher.done:
+            # Cut short: only whole events reach the client before a seam.
+            if out:  # (kept already, in the loop)
+                await client_response.write(out)
+            raise StreamBroken(BROKEN, client_response, plan, "The backend's stream ended early.")
         if tail:
             # An unterminated last event: end it, so a following error event stays apart.
             out += tail if watcher.done else tail + b"\n\n"
@@ -410,6 +452,10 @@ async def _relay_stream(
     except aiohttp.ClientError as exc:
         if not watchdog.streaming:  # before the first byte: safe to retry elsewhere
             raise _unreachable(plan.backend, exc) from None
+        if plan.relayed is not None:
+            raise StreamBroken(
+                BROKEN, client_response, plan, f"The backend's stream broke off ({exc!r:.80})."
+            ) from None
         return await _fail_stream(client_response, plan, record, watcher, "broke off mid-stream")
     record.completion_tokens = watcher.completion_tokens
     record.backend_prompt_tokens = watcher.prompt_tokens
@@ -434,14 +480,15 @@ async def _fail_stream(
     what: str,
 ) -> web.StreamResponse:
     record.completion_tokens = watcher.completion_tokens
+    record.resume_failed = plan.resume_blocked
     error = BackendError(f"The backend's stream {what}.")
     record.outcome = error.outcome
     record.error_code = error.code
-    await _end_with_error(client_response, plan.error_event(error))
+    await end_with_error(client_response, plan.error_event(error))
     return client_response
 
 
-async def _end_with_error(client_response: web.StreamResponse, event: bytes) -> None:
+async def end_with_error(client_response: web.StreamResponse, event: bytes) -> None:
     """A stream already answered 200: the failure goes in a final SSE error event."""
     try:
         await client_response.write(event)

@@ -164,6 +164,8 @@ class BackendSizer:
         if facts.slots and not backend.concurrency_configured:
             backend.max_concurrency = facts.slots
         backend.engine_context_tokens = facts.context_tokens
+        if not backend.engine_configured:
+            backend.engine = facts.engine
         if facts.engine == "llama.cpp" and facts.slots and facts.context_tokens:
             # Its slots' contexts hold its prompts: remember no more prefixes than that.
             # (Recent builds also keep evicted prompts in host memory, `--cache-ram`, whose
