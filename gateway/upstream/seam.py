@@ -86,6 +86,14 @@ class Seam:
     index: int = 0
     #: Why the answer cannot be continued faithfully (None: it can).
     obstacle: str | None = None
+    #: How the first part wrote its events' data field (TGI's axum: no space after the
+    #: colon; OpenAI servers: one), so the continued part is written the same way.
+    data_prefix: bytes = b"data: "
+
+
+def _data_prefix(data: bytes) -> bytes:
+    at = data.find(b"data:")
+    return b"data:" if at >= 0 and data[at + 5 : at + 6] != b" " else b"data: "
 
 
 def _payloads(data: bytes) -> list[Any]:
@@ -104,7 +112,7 @@ def _payloads(data: bytes) -> list[Any]:
 def read_openai_seam(data: bytes) -> Seam:
     """The seam of an OpenAI chat or completions stream (`choices[0].delta.content` or
     `choices[0].text`)."""
-    seam = Seam()
+    seam = Seam(data_prefix=_data_prefix(data))
     texts: list[str] = []
     for chunk in _payloads(data):
         if not isinstance(chunk, dict):
@@ -139,7 +147,7 @@ def read_openai_seam(data: bytes) -> Seam:
 
 def read_tgi_seam(data: bytes) -> Seam:
     """The seam of a TGI `/generate_stream` stream: its token events' texts."""
-    seam = Seam()
+    seam = Seam(data_prefix=_data_prefix(data))
     texts: list[str] = []
     for chunk in _payloads(data):
         if not isinstance(chunk, dict):
@@ -226,8 +234,8 @@ class Continuation:
         return self.seam.tokens + self.tokens
 
 
-def sse(chunk: Any) -> bytes:
-    return b"data: " + _encode(chunk) + b"\n\n"
+def sse(chunk: Any, prefix: bytes = b"data: ") -> bytes:
+    return prefix + _encode(chunk) + b"\n\n"
 
 
 class OpenAIContinuation(Continuation):
@@ -246,7 +254,7 @@ class OpenAIContinuation(Continuation):
                 return b""
             if choices and not any(self._note_choice(c) for c in choices):
                 return b""  # its role chunk: the client had one already
-        return sse(chunk)
+        return sse(chunk, self.seam.data_prefix)
 
     def _note_choice(self, choice: Any) -> bool:
         """Count a token; False when the choice says nothing the client lacks."""
@@ -298,4 +306,4 @@ class TgiContinuation(Continuation):
             if isinstance(details, dict) and type(details.get("generated_tokens")) is int:
                 details["generated_tokens"] += self.seam.tokens
                 self.completion_tokens = details["generated_tokens"]
-        return sse(chunk)
+        return sse(chunk, self.seam.data_prefix)

@@ -13,6 +13,7 @@ client had, with the budget reduced.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ import msgspec
 import pytest
 
 from gateway.config import Settings
-from tests.conftest import StartGateway, chat, free_port, sse_events
+from tests.conftest import StartGateway, chat, free_port
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +93,20 @@ async def _gateway(start_gateway: StartGateway, sims: list[Sim], **engine: str) 
     # What each engine is: from its /props at the first health round (or the config).
     await eventually(lambda: all(b.engine for b in gateway.state.pool.backends), within_s=10)
     return gateway
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    """The `data:` payloads of an SSE body (with or without a space after the colon, as
+    TGI writes it); `[DONE]` stays a string; every event whole."""
+    assert raw.endswith(b"\n\n"), raw[-200:]
+    events: list[Any] = []
+    for block in raw.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data:"), block
+        data = block[5:].lstrip(" ")
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
 
 
 class Stream:
@@ -190,3 +205,137 @@ async def test_sigkill_mid_answer_every_stream_completes_whole_elsewhere(
         had = text[: len(leg["continued"])]
         assert leg["max_tokens"] == MAX_TOKENS - len(had.split()) > 0
     assert resumed >= 2  # the victim held the most streams
+
+
+async def _one_answer_killed_mid_way(
+    sims: StartSims,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    path: str,
+    body: dict[str, Any],
+    **engine: str,
+) -> tuple[list[Any], dict[str, Any], list[dict[str, Any]]]:
+    """One streamed answer, its backend killed after 5 tokens: the client's events, the
+    request's log line and what the other simulator received."""
+    two = await sims(2)
+    gateway = await _gateway(start_gateway, two, **engine)
+    stream = Stream(await http.post(gateway.url + path, json=body))
+    assert stream.resp.status == 200
+    await stream.read_tokens(5)
+    victim = await _holder(gateway, two)
+    victim.kill()
+    events = await stream.read_all()
+    (other,) = [s for s in two if s is not victim]
+    await eventually(lambda: len(gateway.request_lines()) == 1)
+    return events, gateway.request_lines()[0], await _received(http, other)
+
+
+def _continued(received: list[dict[str, Any]]) -> dict[str, Any]:
+    (leg,) = [r for r in received if r["continued"] is not None and r["status"] == 200]
+    return leg
+
+
+async def test_llamacpp_continues_a_last_assistant_message(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    body = chat("Go on.", max_tokens=MAX_TOKENS, stream=True)
+    events, line, received = await _one_answer_killed_mid_way(
+        sims, start_gateway, http, "/v1/chat/completions", body, engine="llama.cpp"
+    )
+    text = check_whole_chat(events, usage=False)
+    leg = _continued(received)
+    assert leg["continue_form"] == "last_assistant"  # no vLLM flags for llama.cpp
+    assert text == leg["continued"] + leg["reply"]
+    assert leg["max_tokens"] == MAX_TOKENS - len(leg["continued"].split())
+    assert line["resumes"] == 1 and line["outcome"] == "ok"
+
+
+async def test_completions_continue_from_the_prompt_and_the_text(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    prompt = "Once upon a time"
+    body = {"model": "sim-model", "prompt": prompt, "max_tokens": MAX_TOKENS, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    events, line, received = await _one_answer_killed_mid_way(
+        sims, start_gateway, http, "/v1/completions", body
+    )
+    assert events[-1] == "[DONE]" and not [e for e in events[:-1] if "error" in e]
+    chunks = events[:-1]
+    assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+    texts = [ch["text"] for c in chunks for ch in c["choices"]]
+    assert sum(1 for t in texts if t) == MAX_TOKENS
+    assert [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]] == [
+        "length"
+    ]
+    (usage,) = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage["completion_tokens"] == MAX_TOKENS
+    leg = _continued([r for r in received if r["route"] == "completions"])
+    text = "".join(texts)
+    assert leg["continued"] == prompt + text[: len(leg["continued"]) - len(prompt)]
+    assert prompt + text == leg["continued"] + leg["reply"]
+    assert leg["max_tokens"] == MAX_TOKENS - len(leg["continued"][len(prompt) :].split())
+    assert line["resumes"] == 1 and line["completion_tokens"] == MAX_TOKENS
+
+
+async def test_tgi_generate_stream_continues_from_inputs_and_text(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    inputs = "The capital of France is"
+    body = {"inputs": inputs, "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}}
+    events, line, received = await _one_answer_killed_mid_way(
+        sims, start_gateway, http, "/generate_stream", body
+    )
+    assert not [e for e in events if "error" in e]
+    assert [e["index"] for e in events] == list(range(1, MAX_TOKENS + 1))
+    texts = "".join(e["token"]["text"] for e in events)
+    assert [e["generated_text"] for e in events if e["generated_text"] is not None] == [texts]
+    assert events[-1]["details"]["generated_tokens"] == MAX_TOKENS
+    leg = _continued([r for r in received if r["route"] == "tgi_generate_stream"])
+    assert inputs + texts == leg["continued"] + leg["reply"]
+    assert leg["max_tokens"] == MAX_TOKENS - len(leg["continued"][len(inputs) :].split())
+    assert line["resumes"] == 1 and line["completion_tokens"] == MAX_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "request_shape"),
+    ],
+)
+async def test_what_cannot_be_continued_faithfully_ends_with_the_error_event(
+    sims: StartSims,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    extra: dict[str, Any],
+    why: str,
+) -> None:
+    body = chat("Go on.", max_tokens=MAX_TOKENS, stream=True, **extra)
+    events, line, received = await _one_answer_killed_mid_way(
+        sims, start_gateway, http, "/v1/chat/completions", body
+    )
+    assert events[-1]["error"]["code"] == "backend_error"
+    assert line["outcome"] == "backend_error" and line["resumes"] == 0
+    assert line["resume_failed"] == why
+    assert not [r for r in received if r["continued"] is not None]
+
+
+async def test_an_answer_past_the_buffer_is_not_resumed(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    two = await sims(2)
+
+    def configure(settings: Settings) -> Settings:
+        resume = msgspec.structs.replace(settings.resume, buffer_bytes=1024)
+        return msgspec.structs.replace(settings, resume=resume)
+
+    gateway = await start_gateway([s.url for s in two], configure=configure)
+    await eventually(lambda: all(b.engine for b in gateway.state.pool.backends), within_s=10)
+    url = gateway.url + "/v1/chat/completions"
+    stream = Stream(await http.post(url, json=chat(max_tokens=MAX_TOKENS, stream=True)))
+    await stream.read_tokens(12)  # ~150 bytes an event: past 1 KiB
+    (await _holder(gateway, two)).kill()
+    events = await stream.read_all()
+    assert events[-1]["error"]["code"] == "backend_error"
+    await eventually(lambda: len(gateway.request_lines()) == 1)
+    assert gateway.request_lines()[0]["resume_failed"] == "buffer_full"
