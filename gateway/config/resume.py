@@ -6,7 +6,7 @@ from typing import Annotated
 
 import msgspec
 
-from gateway.config.constraints import rule
+from gateway.config.constraints import PositiveFloat, rule
 
 
 class ResumeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -22,3 +22,10 @@ class ResumeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     )
     #: Most times one answer is carried over (each to a backend it was not on).
     max_resumes: Annotated[int, rule("be from 1 to 8", ge=1, le=8)] = 2
+    #: A stream silent, after its first token, for this many times the longest silence
+    #: its backend's recent streams had (their 95th percentile, or its own longest so far
+    #: if longer) is stalled: aborted, resumed elsewhere, its backend marked unhealthy
+    #: until its checks pass. Never less than `stall_floor_s`, never more than
+    #: [timeouts] idle_s.
+    stall_multiple: Annotated[float, rule("be from 1 to 1000", ge=1, le=1000)] = 4.0
+    stall_floor_s: PositiveFloat = 3.0

@@ -47,6 +47,7 @@ from gateway.upstream.pool import Backend, BackendPool, RouteHint
 from gateway.upstream.relay import RelayPlan
 from gateway.upstream.resume import Resumer
 from gateway.upstream.seam import DISABLED, NO_BACKEND, REQUEST_SHAPE, RelayedEvents, Seam
+from gateway.upstream.stall import StallRule
 
 MAX_REQUEST_ID_LENGTH = 128
 
@@ -227,6 +228,7 @@ def relay_plan(
     trace: TraceContext | None = None,
     relayed: RelayedEvents | None = None,
     resume_blocked: str | None = None,
+    stall: StallRule | None = None,
 ) -> RelayPlan:
     """What to send to `backend` for one attempt (the body was encoded once, before)."""
     if backend.priority_field:
@@ -254,6 +256,7 @@ def relay_plan(
         stop_early=None if early is None else early.stop,
         relayed=relayed,
         resume_blocked=resume_blocked,
+        stall=stall,
     )
 
 
@@ -473,6 +476,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
                 trace=record.trace,
                 relayed=None if blocked else RelayedEvents(state.settings.resume.buffer_bytes),
                 resume_blocked=blocked,
+                stall=None if blocked else state.stall_rule,
             )
 
         def continue_for(backend: Backend, seam: Seam) -> RelayPlan | None:

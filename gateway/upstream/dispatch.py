@@ -25,7 +25,7 @@ from gateway.upstream.relay import (
     UpstreamClient,
     relay,
 )
-from gateway.upstream.resume import Resumer, carry_over
+from gateway.upstream.resume import Resumer, carry_over, note_broken
 
 #: A request that failed before its first byte is retried once, on another backend.
 MAX_ATTEMPTS = 2
@@ -64,7 +64,7 @@ async def dispatch(
             pool.record_result(target, Outcome.BACKEND_TIMEOUT)
             raise
         except StreamBroken as broken:  # only raised when the plan kept what was relayed
-            pool.record_result(target, Outcome.BACKEND_ERROR)
+            note_broken(pool, target, broken)
             assert resumer is not None
             return await carry_over(
                 request, record, broken, upstream=upstream, pool=pool, resumer=resumer

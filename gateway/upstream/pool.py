@@ -83,6 +83,7 @@ from gateway.upstream.adapters import AdapterCandidate, BackendAdapters, preferr
 from gateway.upstream.affinity import rendezvous_weight
 from gateway.upstream.engine_timings import WindowSplit
 from gateway.upstream.prefix_index import PrefixIndex
+from gateway.upstream.stall import StreamGaps
 
 #: Why a backend was chosen (the routing metric's label).
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
@@ -180,6 +181,8 @@ class Backend:
     #: answer is continued there (`resume.py`); None: unknown, never resumed on.
     engine: str | None = None
     engine_configured: bool = False
+    #: The longest silences of its recent streams: when one of them is stalled (`stall.py`).
+    gaps: StreamGaps = field(default_factory=StreamGaps)
     in_flight: int = 0
     #: Requests ever sent here (so a probe can tell it had the backend to itself).
     dispatches: int = 0

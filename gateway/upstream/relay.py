@@ -24,6 +24,7 @@ from gateway.upstream.engine_timings import llamacpp_timings, tgi_headers
 from gateway.upstream.pool import Backend
 from gateway.upstream.seam import RelayedEvents
 from gateway.upstream.sse import StreamWatcher
+from gateway.upstream.stall import StallRule
 
 if TYPE_CHECKING:
     from gateway.admission.admit import RequestShape
@@ -157,6 +158,8 @@ class BackendFailure(BackendError):
 
 #: Why an answer was carried over to another backend (the log's `resume_reason`).
 BROKEN, STALLED, DRAINED = "broken", "stalled", "drained"
+#: The watchdog's expiries that, mid-answer, are a stalled backend (resumed elsewhere).
+STALL_KINDS = frozenset({"stall", "idle"})
 
 
 class StreamBroken(Exception):
@@ -184,7 +187,9 @@ class Watchdog:
 
     One timer per request, re-armed lazily: the relay only stores the time of
     each chunk, and the timer, when it fires, checks whether the silence really
-    lasted. `expired` names the timeout that fired.
+    lasted. `expired` names the timeout that fired. Once the first token has
+    passed, a stream that may be resumed is watched for a stall too (`stall.py`):
+    the relay then also notes its longest silence (`gap`).
     """
 
     __slots__ = (
@@ -193,7 +198,10 @@ class Watchdog:
         "_idle_s",
         "_total_at",
         "_handle",
+        "_stall",
+        "_learned_gap",
         "last",
+        "gap",
         "streaming",
         "expired",
     )
@@ -205,10 +213,29 @@ class Watchdog:
         self._task = task
         self._idle_s = idle_s
         self._total_at = total_at
+        self._stall: StallRule | None = None
+        self._learned_gap = 0.0
         self.last = self._loop.time()
+        #: The longest silence between chunks since the stall watch began.
+        self.gap = 0.0
         self.streaming = False
         self.expired: str | None = None
         self._handle = self._loop.call_at(min(self.last + first_byte_s, total_at), self._check)
+
+    def watch_stall(self, rule: StallRule, learned_gap_s: float) -> None:
+        """From the first token on: a silence past the stall time is a stall."""
+        self._stall = rule
+        self._learned_gap = learned_gap_s
+        self.gap = 0.0
+        self._handle.cancel()
+        self._handle = self._loop.call_at(
+            min(self.last + self._silence_s(), self._total_at), self._check
+        )
+
+    def _silence_s(self) -> float:
+        if self._stall is None:
+            return self._idle_s
+        return min(self._idle_s, self._stall.stall_s(self._learned_gap, self.gap))
 
     def _check(self) -> None:
         now = self._loop.time()
@@ -216,12 +243,10 @@ class Watchdog:
             self._expire("total")
         elif not self.streaming:
             self._expire("first_byte")
-        elif now - self.last >= self._idle_s:
-            self._expire("idle")
+        elif now - self.last >= (silence := self._silence_s()):
+            self._expire("idle" if self._stall is None or silence >= self._idle_s else "stall")
         else:
-            self._handle = self._loop.call_at(
-                min(self.last + self._idle_s, self._total_at), self._check
-            )
+            self._handle = self._loop.call_at(min(self.last + silence, self._total_at), self._check)
 
     def _expire(self, kind: str) -> None:
         self.expired = kind
@@ -270,6 +295,8 @@ class RelayPlan:
     relayed: RelayedEvents | None = None
     #: Why not (`seam.py`'s reasons), for the record when the stream does break.
     resume_blocked: str | None = None
+    #: When a silence mid-answer is a stall (with `relayed`: a stall is resumed elsewhere).
+    stall: StallRule | None = None
 
 
 async def relay(
@@ -306,6 +333,10 @@ async def relay(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired in STALL_KINDS and client_response is not None and plan.relayed:
+            raise StreamBroken(
+                STALLED, client_response, plan, "The backend's stream stalled."
+            ) from None
         error = timeout_error(watchdog.expired or "total", timeouts)
         if client_response is None or not watchdog.streaming:
             # Nothing of the backend's reached the client (keep-alive comments at most):
@@ -406,6 +437,8 @@ async def _relay_stream(
             out = watcher.feed(chunk)
             if record.first_token is None and watcher.first_token_seen:
                 record.first_token = clock()
+                if plan.stall is not None:
+                    watchdog.watch_stall(plan.stall, plan.backend.gaps.high)
             if relayed is not None:  # what the client has, for a seam (no parsing here)
                 if out:
                     relayed.keep(out)
@@ -424,7 +457,10 @@ async def _relay_stream(
                 # next read and write carry more (fewer syscalls per token at full speed).
                 await asyncio.sleep(0)
             chunk = await content.readany()
-            watchdog.last = loop.time()
+            now = loop.time()
+            if now - watchdog.last > watchdog.gap:
+                watchdog.gap = now - watchdog.last
+            watchdog.last = now
             if not chunk:
                 out = b""
                 break
@@ -469,6 +505,8 @@ async def _relay_stream(
         record.error_code = STREAM_ERROR_CODE
     else:
         record.outcome = Outcome.OK
+        if plan.stall is not None and record.first_token is not None:
+            plan.backend.gaps.add(watchdog.gap)  # how long this backend may be silent
     return client_response  # its end went out with its last events
 
 

@@ -96,7 +96,7 @@ async def carry_over(
                 request, plan, record, upstream, client_response, stream, relayed
             )
         except StreamBroken as again:
-            pool.record_result(target, Outcome.BACKEND_ERROR)
+            note_broken(pool, target, again)
             broken = again
             continue
         except BackendTimeout as timeout:
@@ -110,6 +110,14 @@ async def carry_over(
         if record.outcome is Outcome.OK:
             pool.record_result(target, Outcome.OK)
         return client_response
+
+
+def note_broken(pool: BackendPool, backend: Backend, broken: StreamBroken) -> None:
+    """A backend that broke a stream failed; one that stalled is down until its checks
+    pass (a frozen engine answers nothing, and its open connections say nothing)."""
+    pool.record_result(backend, Outcome.BACKEND_ERROR)
+    if broken.reason == STALLED:
+        pool.set_health(backend, False)
 
 
 def _next_leg(
@@ -180,9 +188,13 @@ async def relay_continuation(
                 f"{backend_response.status}."
             )
         content = backend_response.content
+        watching = False
         while not stream.done:
             chunk = await content.readany()
-            watchdog.last = loop.time()
+            now = loop.time()
+            if now - watchdog.last > watchdog.gap:
+                watchdog.gap = now - watchdog.last
+            watchdog.last = now
             if not chunk:
                 break
             if not watchdog.streaming:
@@ -190,6 +202,9 @@ async def relay_continuation(
                 if plan.on_first_byte is not None:
                     plan.on_first_byte()
             out = stream.feed(chunk)
+            if not watching and stream.first_token_seen and plan.stall is not None:
+                watching = True
+                watchdog.watch_stall(plan.stall, plan.backend.gaps.high)
             if out:
                 relayed.keep(out)
                 await client_response.write(out)
@@ -199,6 +214,8 @@ async def relay_continuation(
             raise StreamBroken(BROKEN, client_response, plan, "The backend's stream ended early.")
         await client_response.write_eof()
         record.outcome = Outcome.OK
+        if watching:
+            plan.backend.gaps.add(watchdog.gap)
         record.completion_tokens = stream.completion_tokens or stream.total_tokens
     except ConnectionResetError:  # the client went away (aiohttp's reset error is one too)
         record.outcome = Outcome.CLIENT_DISCONNECTED

@@ -339,3 +339,53 @@ async def test_an_answer_past_the_buffer_is_not_resumed(
     assert events[-1]["error"]["code"] == "backend_error"
     await eventually(lambda: len(gateway.request_lines()) == 1)
     assert gateway.request_lines()[0]["resume_failed"] == "buffer_full"
+
+
+async def test_sigstop_mid_answer_every_stream_completes_within_10_s(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """A frozen engine: no byte, no close. Its streams stall, and on default settings the
+    stall time is seconds, not the 60 s idle timeout; the backend is down until its
+    checks pass."""
+    two = await sims(2)
+    gateway = await _gateway(start_gateway, two)
+    url = gateway.url + "/v1/chat/completions"
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    streams = [
+        Stream(await http.post(url, json=chat(f"Story {i}", max_tokens=MAX_TOKENS, stream=True)))
+        for i in range(6)
+    ]
+    await asyncio.gather(*(s.read_tokens(5) for s in streams))
+    victim = await _holder(gateway, two)
+    victim_name = f"b{two.index(victim)}"
+    victim.process.send_signal(signal.SIGSTOP)
+    try:
+        answers = await asyncio.gather(*(s.read_all() for s in streams))
+        assert loop.time() - sent < 10
+        for events in answers:
+            check_whole_chat(events, usage=False)
+        lines = gateway.request_lines()
+        stalled = [line for line in lines if line["resumes"]]
+        assert stalled and all(line["resume_reason"] == "stalled" for line in stalled)
+        assert all(line["resumed_from"] == [victim_name] for line in stalled)
+        backend = next(b for b in gateway.state.pool.backends if b.name == victim_name)
+        assert not backend.healthy  # until its checks pass
+    finally:
+        victim.process.send_signal(signal.SIGCONT)
+    await eventually(lambda: backend.healthy, within_s=15)
+
+
+async def test_a_long_prefill_before_the_first_token_is_no_stall(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    two = await sims(2, "--prefill-ms-per-token", "2", "--prefill-tokens-per-step", "4096")
+    gateway = await _gateway(start_gateway, two)
+    prompt = " ".join(["word"] * 2500)  # ~5 s of prefill: past the 3 s stall floor
+    body = chat(prompt, max_tokens=5, stream=True)
+    async with http.post(gateway.url + "/v1/chat/completions", json=body) as resp:
+        events = sse_events(await asyncio.wait_for(resp.read(), 30))
+    assert events[-1] == "[DONE]"
+    await eventually(lambda: len(gateway.request_lines()) == 1)
+    line = gateway.request_lines()[0]
+    assert line["outcome"] == "ok" and line["resumes"] == 0 and line["ttft_ms"] > 3000
