@@ -179,6 +179,24 @@ class GatewayMetrics:
             ["lane"],
             registry=r,
         )
+        # Answers carried over mid-stream (upstream/resume.py), by why; and carry-overs
+        # that were needed but could not be done, by why not.
+        self.resumes = Counter(
+            "gateway_stream_resumes",
+            "Answers carried over to another backend mid-stream, by the backend left and "
+            "why: broken (reset, early end, error event), stalled (silent past its stall "
+            "time), drained.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.resumes_failed = Counter(
+            "gateway_stream_resumes_failed",
+            "Streams whose backend failed mid-answer and that could not be carried over "
+            "(they ended with an error event), by why: request_shape, logprobs, tool_calls, "
+            "reasoning, unknown_engine, no_backend, buffer_full, limit, finished, disabled.",
+            ["why"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
@@ -196,6 +214,11 @@ class GatewayMetrics:
         counter.inc()
         if record.retried_outcome is not None:
             self._observe_retry(lane or "none", record.retried_outcome, record.retry_damped)
+        if record.resumes:
+            for left in record.resumed_from or ():
+                self.resumes.labels(left, record.resume_reason or "broken").inc()
+        if record.resume_failed is not None:
+            self.resumes_failed.labels(record.resume_failed).inc()
         if lane is None:
             return
         series = self._lane_series.get(lane)

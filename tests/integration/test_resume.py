@@ -205,6 +205,10 @@ async def test_sigkill_mid_answer_every_stream_completes_whole_elsewhere(
         had = text[: len(leg["continued"])]
         assert leg["max_tokens"] == MAX_TOKENS - len(had.split()) > 0
     assert resumed >= 2  # the victim held the most streams
+    async with http.get(gateway.url + "/metrics") as resp:
+        metrics = await resp.text()
+    counted = f'gateway_stream_resumes_total{{backend="{victim_name}",reason="broken"}} {resumed}.0'
+    assert counted in metrics
 
 
 async def _one_answer_killed_mid_way(
@@ -339,6 +343,8 @@ async def test_an_answer_past_the_buffer_is_not_resumed(
     assert events[-1]["error"]["code"] == "backend_error"
     await eventually(lambda: len(gateway.request_lines()) == 1)
     assert gateway.request_lines()[0]["resume_failed"] == "buffer_full"
+    async with http.get(gateway.url + "/metrics") as resp:
+        assert 'gateway_stream_resumes_failed_total{why="buffer_full"} 1.0' in await resp.text()
 
 
 async def test_sigstop_mid_answer_every_stream_completes_within_10_s(
