@@ -29,3 +29,6 @@ class ResumeSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     #: [timeouts] idle_s.
     stall_multiple: Annotated[float, rule("be from 1 to 1000", ge=1, le=1000)] = 4.0
     stall_floor_s: PositiveFloat = 3.0
+    #: Seconds a drained backend's streams may run on where they are
+    #: (`POST /admin/backends/{name}/drain`); those still running then are carried over.
+    drain_timeout_s: Annotated[float, rule("be from 0 to 3600", ge=0, le=3600)] = 30.0

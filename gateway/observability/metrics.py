@@ -354,6 +354,12 @@ class _LiveGauges(Collector):
             "1 when the backend passes its health checks and is not ejected.",
             labels=["backend"],
         )
+        draining = GaugeMetricFamily(
+            "gateway_backend_draining",
+            "1 while the backend is drained (POST /admin/backends/{name}/drain): no new "
+            "request, its streams finishing or carried over at the drain deadline.",
+            labels=["backend"],
+        )
         ejections = CounterMetricFamily(
             "gateway_backend_ejections",
             "Times a backend was ejected after consecutive failures.",
@@ -367,9 +373,10 @@ class _LiveGauges(Collector):
             prefilling.add_metric(name, backend.prefilling_tokens)
             outstanding.add_metric(name, backend.outstanding_tokens)
             available.add_metric(name, 1 if backend.available(now) else 0)
+            draining.add_metric(name, 1 if backend.draining else 0)
             ejections.add_metric(name, backend.ejections)
         yield from (depth, in_flight, limit, backend_in_flight, backend_slots, prefilling)
-        yield from (outstanding, available, ejections)
+        yield from (outstanding, available, draining, ejections)
 
 
 class _LearnedGauges(Collector):

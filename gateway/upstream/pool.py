@@ -67,6 +67,7 @@ import asyncio
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from gateway.admission.prefix import PromptPrefix
@@ -183,6 +184,12 @@ class Backend:
     engine_configured: bool = False
     #: The longest silences of its recent streams: when one of them is stalled (`stall.py`).
     gaps: StreamGaps = field(default_factory=StreamGaps)
+    #: Drained (`drain`): no new request; its streams end where they are, or are carried
+    #: over at the drain deadline. It ends by `undrain`, or when the backend comes back
+    #: from a failed health check (a restarted engine: the rollout's new version).
+    draining: bool = False
+    #: The relays streaming from it now, each able to hand its stream over (`Watchdog`).
+    streams: set[Any] = field(default_factory=set)
     in_flight: int = 0
     #: Requests ever sent here (so a probe can tell it had the backend to itself).
     dispatches: int = 0
@@ -264,7 +271,7 @@ class Backend:
         return self.slot_limit - self.in_flight - self.others_in_flight
 
     def available(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
+        return self.healthy and now >= self.ejected_until and not self.draining
 
     def can_prefill(self, prompt_tokens: int, kept: Kept = NOTHING_KEPT) -> bool:
         """Room in the prefill budget, less what is `kept` for requests waiting in line;
@@ -752,9 +759,29 @@ class BackendPool:
         # Serve the queues again when the cooldown ends (a no-op if still unhealthy).
         asyncio.get_running_loop().call_later(cooldown, self.on_available)
 
+    def drain(self, backend: Backend, deadline_s: float) -> asyncio.TimerHandle:
+        """No new request for `backend`; at `deadline_s` its streams still running are
+        handed over (each carried over to another backend when it can be, else cut)."""
+        backend.draining = True
+
+        def hand_over() -> None:
+            if backend.draining:
+                for stream in list(backend.streams):
+                    stream.drain()
+
+        return asyncio.get_running_loop().call_later(deadline_s, hand_over)
+
+    def undrain(self, backend: Backend) -> None:
+        if backend.draining:
+            backend.draining = False
+            self.on_available()
+
     def set_health(self, backend: Backend, healthy: bool) -> None:
-        """The result of an active check."""
+        """The result of an active check. A drained backend that failed its check and
+        passes again was restarted (the new version of a rollout): it serves again."""
         came_back = healthy and not backend.healthy
+        if came_back:
+            backend.draining = False
         if not healthy:
             backend.prefixes.clear()  # down (maybe restarting): its cache is gone
         backend.healthy = healthy

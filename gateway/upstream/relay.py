@@ -252,6 +252,11 @@ class Watchdog:
         self.expired = kind
         self._task.cancel()
 
+    def drain(self) -> None:
+        """Its backend's drain deadline came: hand the stream over (`pool.drain`)."""
+        if self.expired is None:
+            self._expire(DRAINED)
+
     def stop(self) -> None:
         self._handle.cancel()
 
@@ -313,6 +318,8 @@ async def relay(
     watchdog = Watchdog(first_byte_s, timeouts.idle_s, record.arrival + timeouts.total_s)
     backend_response: aiohttp.ClientResponse | None = None
     client_response: web.StreamResponse | None = None
+    streams = plan.backend.streams
+    streams.add(watchdog)  # a drain may hand it over
     try:
         backend_response = await upstream.post(
             plan.backend, plan.dialect.backend_path, plan.body, plan.headers
@@ -333,6 +340,18 @@ async def relay(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired == DRAINED:
+            if client_response is None or not watchdog.streaming:
+                raise BackendFailure(f"Backend {plan.backend.name} is drained.") from None
+            if plan.relayed is not None:
+                raise StreamBroken(
+                    DRAINED, client_response, plan, "The backend was drained."
+                ) from None
+            record.outcome, record.error_code = Outcome.BACKEND_ERROR, BackendError.code
+            await end_with_error(
+                client_response, plan.error_event(BackendError("The backend was drained."))
+            )
+            return client_response
         if watchdog.expired in STALL_KINDS and client_response is not None and plan.relayed:
             raise StreamBroken(
                 STALLED, client_response, plan, "The backend's stream stalled."
@@ -348,6 +367,7 @@ async def relay(
         return client_response
     finally:
         watchdog.stop()
+        streams.discard(watchdog)
         if backend_response is not None:
             # close() drops the connection unless the body was read to the end:
             # an abandoned generation stops on the backend at once.

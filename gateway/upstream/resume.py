@@ -33,6 +33,7 @@ from gateway.outcomes import BackendError, BackendTimeout, Outcome
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import (
     BROKEN,
+    DRAINED,
     STALLED,
     BackendFailure,
     RelayPlan,
@@ -115,6 +116,8 @@ async def carry_over(
 def note_broken(pool: BackendPool, backend: Backend, broken: StreamBroken) -> None:
     """A backend that broke a stream failed; one that stalled is down until its checks
     pass (a frozen engine answers nothing, and its open connections say nothing)."""
+    if broken.reason == DRAINED:
+        return  # asked for: no failure of the backend's
     pool.record_result(backend, Outcome.BACKEND_ERROR)
     if broken.reason == STALLED:
         pool.set_health(backend, False)
@@ -177,6 +180,8 @@ async def relay_continuation(
     loop = asyncio.get_running_loop()
     watchdog = Watchdog(timeouts.first_token_s, timeouts.idle_s, record.arrival + timeouts.total_s)
     backend_response: aiohttp.ClientResponse | None = None
+    streams = plan.backend.streams
+    streams.add(watchdog)  # a drain may hand it over again
     try:
         backend_response = await upstream.post(
             plan.backend, plan.dialect.backend_path, plan.body, plan.headers
@@ -229,6 +234,10 @@ async def relay_continuation(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired == DRAINED:
+            if not watchdog.streaming:
+                raise BackendFailure(f"Backend {plan.backend.name} is drained.") from None
+            raise StreamBroken(DRAINED, client_response, plan, "The backend was drained.") from None
         if not watchdog.streaming:
             raise BackendTimeout("The backend sent no first byte of the continuation.") from None
         raise StreamBroken(
@@ -236,5 +245,6 @@ async def relay_continuation(
         ) from None
     finally:
         watchdog.stop()
+        streams.discard(watchdog)
         if backend_response is not None:
             backend_response.close()

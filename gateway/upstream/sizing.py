@@ -381,6 +381,7 @@ class BackendSizer:
                     if backend.concurrency_configured
                     else ("engine" if facts and facts.slots else "default"),
                     "in_flight": backend.in_flight,
+                    "draining": backend.draining,
                     "prefilling_s": round(backend.prefilling_s, 3),
                     "engine": None if facts is None else facts.engine,
                     "context_tokens": None if facts is None else facts.context_tokens,

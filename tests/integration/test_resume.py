@@ -26,7 +26,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from gateway.config import Settings
+from gateway.config import ApiKeySettings, Settings
 from tests.conftest import StartGateway, chat, free_port
 from tests.helpers import eventually
 
@@ -131,7 +131,7 @@ class Stream:
         return sse_events(self.raw)
 
 
-def check_whole_chat(events: list[Any], *, usage: bool) -> str:
+def check_whole_chat(events: list[Any], *, usage: bool, max_tokens: int = MAX_TOKENS) -> str:
     """The checks of one unbroken answer; returns its text."""
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     chunks = events[:-1]
@@ -143,7 +143,7 @@ def check_whole_chat(events: list[Any], *, usage: bool) -> str:
     assert len(roles) == 1
     texts = [ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]]
     tokens = sum(1 for t in texts if t)
-    assert tokens == MAX_TOKENS  # the simulator always writes max_tokens: none lost, none twice
+    assert tokens == max_tokens  # the simulator always writes max_tokens: none lost, none twice
     usages = [c["usage"] for c in chunks if c.get("usage")]
     if usage:
         assert len(usages) == 1 and usages[0]["completion_tokens"] == tokens
@@ -395,3 +395,79 @@ async def test_a_long_prefill_before_the_first_token_is_no_stall(
     await eventually(lambda: len(gateway.request_lines()) == 1)
     line = gateway.request_lines()[0]
     assert line["outcome"] == "ok" and line["resumes"] == 0 and line["ttft_ms"] > 3000
+
+
+async def test_a_drain_under_streaming_load_breaks_no_answer(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """Steady streaming on two backends; b0 is drained with a deadline shorter than the
+    answers: those that outlive it are carried over, none breaks, b0 is idle at the
+    deadline and gets no new request."""
+    two = await sims(2)
+    gateway = await _gateway(start_gateway, two)
+    url = gateway.url + "/v1/chat/completions"
+    loop = asyncio.get_running_loop()
+    stop_at = loop.time() + 7.0
+    answers: list[list[Any]] = []
+
+    async def client(i: int) -> None:
+        while loop.time() < stop_at:
+            body = chat(f"Client {i}", max_tokens=80, stream=True)  # ~3.3 s each
+            async with http.post(url, json=body) as resp:
+                answers.append(sse_events(await asyncio.wait_for(resp.read(), 30)))
+
+    clients = [asyncio.create_task(client(i)) for i in range(8)]
+    await asyncio.sleep(1.5)
+    async with http.post(gateway.url + "/admin/backends/b0/drain?deadline_s=1.5") as resp:
+        assert resp.status == 200
+        assert (await resp.json())["draining"] is True
+    drained_at = loop.time()
+    b0 = gateway.state.pool.backends[0]
+    sent_to_b0 = len(await _received(http, two[0]))
+    async with http.get(gateway.url + "/debug/backends") as resp:
+        assert [b["draining"] for b in (await resp.json())["backends"]] == [True, False]
+    async with http.get(gateway.url + "/metrics") as resp:
+        assert 'gateway_backend_draining{backend="b0"} 1.0' in await resp.text()
+    await asyncio.sleep(max(0.0, drained_at + 1.5 - loop.time()))
+    await eventually(lambda: b0.in_flight == 0, within_s=1.0)  # idle at the deadline
+    await asyncio.gather(*clients)
+
+    assert len(answers) >= 12
+    for events in answers:
+        check_whole_chat(events, usage=False, max_tokens=80)
+    lines = gateway.request_lines()
+    assert all(line["outcome"] == "ok" for line in lines)
+    drained = [line for line in lines if line["resume_reason"] == "drained"]
+    assert drained and all(line["resumed_from"] == ["b0"] for line in drained)
+    assert len(await _received(http, two[0])) == sent_to_b0  # nothing new went there
+    async with http.post(gateway.url + "/admin/backends/b0/undrain") as resp:
+        assert (await resp.json())["draining"] is False
+    assert b0.available(gateway.state.pool.clock())
+
+
+async def test_drain_needs_an_admin_key_and_a_real_backend(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    (one,) = await sims(1)
+    keys = [
+        ApiKeySettings(name="user", key="user-key-123"),
+        ApiKeySettings(name="ops", key="admin-key-123", admin=True),
+    ]
+    gateway = await start_gateway(
+        [one.url], configure=lambda s: msgspec.structs.replace(s, api_keys=keys)
+    )
+    route = gateway.url + "/admin/backends/b0/drain"
+    for headers in ({}, {"Authorization": "Bearer user-key-123"}):
+        async with http.post(route, headers=headers) as resp:
+            assert resp.status == 401
+            assert (await resp.json())["error"]["code"] == "invalid_api_key"
+    admin = {"Authorization": "Bearer admin-key-123"}
+    async with http.post(gateway.url + "/admin/backends/nope/drain", headers=admin) as resp:
+        assert resp.status == 404 and (await resp.json())["error"]["code"] == "not_found"
+    async with http.post(route + "?deadline_s=-1", headers=admin) as resp:
+        assert resp.status == 400
+    async with http.post(route + "?wait=true", headers=admin) as resp:
+        assert resp.status == 200
+        assert await resp.json() == {
+            "backend": "b0", "draining": True, "deadline_s": 30.0, "in_flight": 0, "idle": True
+        }  # fmt: skip
