@@ -53,20 +53,27 @@ async def sims(http: aiohttp.ClientSession) -> AsyncIterator[StartSims]:
     started: list[Sim] = []
 
     async def start(count: int, *flags: str) -> list[Sim]:
-        new = []
-        for _ in range(count):
+        return [await start_one(flags) for _ in range(count)]
+
+    async def start_one(flags: tuple[str, ...]) -> Sim:
+        """A simulator process that answers /health; another port if its own was taken."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        for _ in range(3):
             port = free_port()
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "gateway", "simulate", "--port", str(port), *SLOW, *flags,
-                cwd=ROOT, env={k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")},
+                cwd=ROOT, env=env,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             sim = Sim(f"http://127.0.0.1:{port}", process)
             started.append(sim)
-            new.append(sim)
-        for sim in new:
-            await eventually(lambda s=sim: _answers(http, s.url + "/health"), within_s=15)
-        return new
+            for _ in range(300):  # 30 s: a loaded 2-core machine starts Python slowly
+                if process.returncode is not None:
+                    break
+                if await _answers(http, sim.url + "/health"):
+                    return sim
+                await asyncio.sleep(0.1)
+        raise AssertionError("no simulator process answered /health")
 
     yield start
     for sim in started:
