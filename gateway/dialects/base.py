@@ -86,6 +86,11 @@ class Dialect(ABC):
         more at most; None when that engine's way of continuing is not known."""
         return None
 
+    def end_of_answer(self, seam: Seam, shape: RequestShape) -> bytes | None:
+        """The events that end a stream whose backend sent its whole answer but broke off
+        before its end marker; None when this API has no such end to add."""
+        return None
+
     def continued_stream(self, seam: Seam, shape: RequestShape) -> Continuation:
         """Rewrites a continuation's events so the client sees one answer."""
         raise NotImplementedError

@@ -21,6 +21,7 @@ from gateway.upstream.seam import (
     OpenAIContinuation,
     Seam,
     read_openai_seam,
+    sse,
 )
 from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, cached_tokens_of
 
@@ -93,6 +94,19 @@ class _OpenAIDialect(Dialect):
 
     def continued_stream(self, seam: Seam, shape: RequestShape) -> Continuation:
         return OpenAIContinuation(seam, strip_usage=not shape.client_wants_usage)
+
+    def end_of_answer(self, seam: Seam, shape: RequestShape) -> bytes | None:
+        """The usage chunk the client asked for (the backend's never came: its prompt is
+        the gateway's count) and `[DONE]`."""
+        end = seam.data_prefix + b"[DONE]\n\n"
+        if not shape.client_wants_usage:
+            return end
+        usage = {
+            "prompt_tokens": shape.prompt_tokens,
+            "completion_tokens": seam.tokens,
+            "total_tokens": shape.prompt_tokens + seam.tokens,
+        }
+        return sse({**seam.head, "choices": [], "usage": usage}, seam.data_prefix) + end
 
 
 def _with_budget(fields: dict[str, Any], max_tokens: int) -> dict[str, Any]:

@@ -548,8 +548,13 @@ async def _fail_stream(
 
 async def end_with_error(client_response: web.StreamResponse, event: bytes) -> None:
     """A stream already answered 200: the failure goes in a final SSE error event."""
+    await end_stream(client_response, event)
+
+
+async def end_stream(client_response: web.StreamResponse, last: bytes) -> None:
+    """The last events of a stream already answered 200, and its end."""
     try:
-        await client_response.write(event)
+        await client_response.write(last)
         await client_response.write_eof()
     except (ConnectionError, RuntimeError):
         pass  # the client is gone too

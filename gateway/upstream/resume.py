@@ -40,6 +40,7 @@ from gateway.upstream.relay import (
     StreamBroken,
     UpstreamClient,
     Watchdog,
+    end_stream,
     end_with_error,
 )
 from gateway.upstream.seam import (
@@ -83,6 +84,11 @@ async def carry_over(
     client_response = broken.client_response
     while True:
         seam, target, plan, why = _next_leg(origin, relayed, record, resumer)
+        if seam.obstacle == FINISHED and (end := origin.dialect.end_of_answer(seam, origin.shape)):
+            # The whole answer had come, only its end was missing: end it here.
+            record.outcome, record.completion_tokens = Outcome.OK, seam.tokens
+            await end_stream(client_response, end)
+            return client_response
         if why is not None or target is None or plan is None:
             record.resume_failed = why
             return await _give_up(client_response, origin, record, broken.message, seam)

@@ -39,6 +39,10 @@ LIMIT = "limit"
 DISABLED = "disabled"
 
 
+#: What every chunk of one OpenAI answer has the same of (the continuation's rewritten).
+HEAD_KEYS = ("id", "object", "created", "model")
+
+
 class RelayedEvents:
     """The whole SSE events relayed to the client so far, up to `limit` bytes.
 
@@ -118,7 +122,7 @@ def read_openai_seam(data: bytes) -> Seam:
         if not isinstance(chunk, dict):
             continue
         if not seam.head and "id" in chunk:
-            seam.head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+            seam.head = {k: chunk[k] for k in HEAD_KEYS if k in chunk}
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             continue

@@ -91,12 +91,12 @@ async def _answers(http: aiohttp.ClientSession, url: str) -> bool:
         return False
 
 
-async def _gateway(start_gateway: StartGateway, sims: list[Sim], **engine: str) -> Any:
+async def _gateway(start_gateway: StartGateway, urls: list[str], **engine: str) -> Any:
     def configure(settings: Settings) -> Settings:
         backends = [msgspec.structs.replace(b, **engine) for b in settings.backends]
         return msgspec.structs.replace(settings, backends=backends)
 
-    gateway = await start_gateway([s.url for s in sims], configure=configure)
+    gateway = await start_gateway(urls, configure=configure)
     # What each engine is: from its /props at the first health round (or the config).
     await eventually(lambda: all(b.engine for b in gateway.state.pool.backends), within_s=10)
     return gateway
@@ -174,7 +174,7 @@ async def test_sigkill_mid_answer_every_stream_completes_whole_elsewhere(
     sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     three = await sims(3)
-    gateway = await _gateway(start_gateway, three)
+    gateway = await _gateway(start_gateway, [s.url for s in three])
     url = gateway.url + "/v1/chat/completions"
     streams = []
     for i in range(12):
@@ -229,7 +229,7 @@ async def _one_answer_killed_mid_way(
     """One streamed answer, its backend killed after 5 tokens: the client's events, the
     request's log line and what the other simulator received."""
     two = await sims(2)
-    gateway = await _gateway(start_gateway, two, **engine)
+    gateway = await _gateway(start_gateway, [s.url for s in two], **engine)
     stream = Stream(await http.post(gateway.url + path, json=body))
     assert stream.resp.status == 200
     await stream.read_tokens(5)
@@ -361,7 +361,7 @@ async def test_sigstop_mid_answer_every_stream_completes_within_10_s(
     stall time is seconds, not the 60 s idle timeout; the backend is down until its
     checks pass."""
     two = await sims(2)
-    gateway = await _gateway(start_gateway, two)
+    gateway = await _gateway(start_gateway, [s.url for s in two])
     url = gateway.url + "/v1/chat/completions"
     loop = asyncio.get_running_loop()
     sent = loop.time()
@@ -393,7 +393,7 @@ async def test_a_long_prefill_before_the_first_token_is_no_stall(
     sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     two = await sims(2, "--prefill-ms-per-token", "2", "--prefill-tokens-per-step", "4096")
-    gateway = await _gateway(start_gateway, two)
+    gateway = await _gateway(start_gateway, [s.url for s in two])
     prompt = " ".join(["word"] * 2500)  # ~5 s of prefill: past the 3 s stall floor
     body = chat(prompt, max_tokens=5, stream=True)
     async with http.post(gateway.url + "/v1/chat/completions", json=body) as resp:
@@ -411,7 +411,7 @@ async def test_a_drain_under_streaming_load_breaks_no_answer(
     answers: those that outlive it are carried over, none breaks, b0 is idle at the
     deadline and gets no new request."""
     two = await sims(2)
-    gateway = await _gateway(start_gateway, two)
+    gateway = await _gateway(start_gateway, [s.url for s in two])
     url = gateway.url + "/v1/chat/completions"
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + 7.0
@@ -478,3 +478,59 @@ async def test_drain_needs_an_admin_key_and_a_real_backend(
         assert await resp.json() == {
             "backend": "b0", "draining": True, "deadline_s": 30.0, "in_flight": 0, "idle": True
         }  # fmt: skip
+
+
+async def _raw_backend_ending_before_done() -> tuple[str, asyncio.Server]:
+    """A backend on a raw socket that sends a whole answer, its finish_reason included, and
+    closes the connection before `[DONE]` (and before the chunked body's end)."""
+
+    def event(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        chunk = {"id": "x1", "object": "chat.completion.chunk", "created": 7, "model": "m"}
+        data = b"data: " + json.dumps({**chunk, "choices": [choice]}).encode() + b"\n\n"
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        else:
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+                + event({"role": "assistant", "content": ""})
+                + event({"content": "Hello"})
+                + event({"content": " there"})
+                + event({}, "stop")
+            )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return f"http://127.0.0.1:{port}", server
+
+
+async def test_an_answer_whose_end_alone_was_lost_is_ended_by_the_gateway(
+    start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """The backend sent its finish_reason and broke off before `[DONE]`: nothing is left to
+    continue, so the gateway ends the stream itself (the usage asked for, then [DONE])."""
+    url, server = await _raw_backend_ending_before_done()
+    try:
+        gateway = await _gateway(start_gateway, [url, url], engine="vllm")
+        body = chat(max_tokens=20, stream=True, stream_options={"include_usage": True})
+        async with http.post(gateway.url + "/v1/chat/completions", json=body) as resp:
+            events = sse_events(await asyncio.wait_for(resp.read(), 10))
+        assert events[-1] == "[DONE]" and not [e for e in events[:-1] if "error" in e]
+        (usage,) = [e["usage"] for e in events[:-1] if e.get("usage")]
+        assert usage["completion_tokens"] == 2
+        assert {(e["id"], e["created"]) for e in events[:-1]} == {("x1", 7)}
+        await eventually(lambda: len(gateway.request_lines()) == 1)
+        line = gateway.request_lines()[0]
+        assert line["outcome"] == "ok" and line["resumes"] == 0 and line["resume_failed"] is None
+    finally:
+        server.close()
+        await server.wait_closed()

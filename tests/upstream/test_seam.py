@@ -45,7 +45,7 @@ def test_the_seam_is_the_text_the_tokens_and_the_first_parts_head() -> None:
     data = chunk("", role=True) + chunk("Hello") + chunk(" world") + b": keep-alive\n\n"
     seam = read_openai_seam(data)
     assert (seam.text, seam.tokens, seam.obstacle) == ("Hello world", 2, None)
-    assert seam.head == {"id": "a", "created": 1, "model": "m"}
+    assert seam.head == {"id": "a", "created": 1, "model": "m"}  # (these chunks have no object)
 
 
 def test_a_tool_call_or_a_finish_in_progress_is_an_obstacle() -> None:
