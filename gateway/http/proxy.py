@@ -630,6 +630,19 @@ async def send(flight: Flight) -> web.StreamResponse:
         reassigned = scheduler.reassign(held, shape.prompt_tokens, budget.total, flight.hint)
         return moved(reassigned, flight.leases, held)
 
+    def carry_elsewhere() -> bool:
+        """For a resume: another backend's free slot, else a place over its limit."""
+        if move_elsewhere():
+            return True
+        lane = record.lane
+        slot = None if lane is None else flight.pool.take_over(lane, held.slot)
+        if slot is None:
+            return False
+        flight.pool.give_back(held.slot)
+        held.slot = slot
+        scheduler.notify_capacity()  # what the old slot freed goes to the queue
+        return moved(True, flight.leases, held)
+
     state.shadow.offer(record, dialect, shape, flight.backend_body, flight.route)  # own task
     return await dispatch(
         flight.request,
@@ -641,7 +654,7 @@ async def send(flight: Flight) -> web.StreamResponse:
         move_elsewhere=move_elsewhere,
         resumer=Resumer(
             state.settings.resume.max_resumes,
-            move_elsewhere=move_elsewhere,
+            move_elsewhere=carry_elsewhere,
             backend=lambda: held.slot.backend,
             continue_for=continue_for,
         ),

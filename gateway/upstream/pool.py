@@ -546,6 +546,24 @@ class BackendPool:
             self._adapter_home[adapter] = best.backend.name
         return slot
 
+    def take_over(self, lane: str, slot: Slot) -> Slot | None:
+        """A slot for an answer carried over mid-stream (`resume.py`) when no backend of the
+        lane has a free one: on the available backend other than `slot`'s with the most
+        room, over its limit. Half an answer already sent is worth more than holding one
+        engine's batch at its size for the seconds the rest takes. None: no such backend."""
+        now = self.clock()
+        candidates = [
+            backend
+            for backend in self.backends_of(lane)
+            if backend is not slot.backend and backend.available(now)
+        ]
+        if not candidates:
+            return None
+        backend = max(
+            candidates, key=lambda b: (b.free_slots / b.max_concurrency, -b.outstanding_tokens)
+        )
+        return self._reserve(backend, slot.prompt_tokens, slot.output_tokens, 0, BY_LOAD, None, now)
+
     def _adapter_of(self, lane: str, hint: RouteHint | None) -> str | None:
         """The request's model when it is a LoRA adapter a backend of the lane lists."""
         model = hint.model if hint is not None else None

@@ -534,3 +534,29 @@ async def test_an_answer_whose_end_alone_was_lost_is_ended_by_the_gateway(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_an_answer_is_carried_over_to_a_full_backend_over_its_limit(
+    sims: StartSims, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """Both backends at their limit (2 slots each): a drain still breaks nothing; the
+    answers it hands over go to the other backend beyond its slots."""
+    two = await sims(2)
+    gateway = await start_gateway([s.url for s in two], max_concurrency=2)
+    await eventually(lambda: all(b.engine for b in gateway.state.pool.backends), within_s=10)
+    url = gateway.url + "/v1/chat/completions"
+    streams = [
+        Stream(await http.post(url, json=chat(f"Story {i}", max_tokens=MAX_TOKENS, stream=True)))
+        for i in range(4)
+    ]
+    await asyncio.gather(*(s.read_tokens(3) for s in streams))
+    b0, b1 = gateway.state.pool.backends
+    assert (b0.in_flight, b1.in_flight) == (2, 2)
+    async with http.post(gateway.url + "/admin/backends/b0/drain?deadline_s=0.2") as resp:
+        assert resp.status == 200
+    await eventually(lambda: (b0.in_flight, b1.in_flight) == (0, 4), within_s=3)
+    for events in await asyncio.gather(*(s.read_all() for s in streams)):
+        check_whole_chat(events, usage=False)
+    lines = gateway.request_lines()
+    assert sorted(line["resume_reason"] or "" for line in lines) == ["", "", "drained", "drained"]
+    assert b1.in_flight == 0
