@@ -22,7 +22,7 @@ from gateway.fleet.leases import SlotLeases
 from gateway.fleet.quotas import TenantQuotas
 from gateway.fleet.signals import FleetSignals
 from gateway.fleet.store import SharedStore
-from gateway.http import cors, openai, openapi, ops, playground, tgi
+from gateway.http import admin, cors, openai, openapi, ops, playground, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
 from gateway.observability.logs import RequestLog, make_logger
@@ -139,6 +139,8 @@ def build_app(
     app.router.add_get("/readyz", ops.readyz)
     app.router.add_get("/metrics", ops.metrics)
     app.router.add_get("/debug/backends", ops.debug_backends)
+    app.router.add_post("/admin/backends/{name}/drain", admin.drain)
+    app.router.add_post("/admin/backends/{name}/undrain", admin.undrain)
     openapi.install(app, settings)
     playground.install(app, settings.server.playground)
     cors.install(app, settings.server.cors_origins)

@@ -30,6 +30,7 @@ from gateway.upstream.pool import BackendPool
 from gateway.upstream.relay import UpstreamClient
 from gateway.upstream.shadow import ShadowMirror
 from gateway.upstream.sizing import BackendSizer
+from gateway.upstream.stall import StallRule
 
 
 @dataclass(slots=True)
@@ -81,6 +82,12 @@ class GatewayState:
     def limits(self) -> LimitsSettings:
         """The caps in force: the config's, tightened by what the backends accept."""
         return self.sizer.limits_in_force
+
+    @property
+    def stall_rule(self) -> StallRule:
+        """When a silent stream that may be resumed is a stalled backend ([resume])."""
+        resume = self.settings.resume
+        return StallRule(resume.stall_floor_s, resume.stall_multiple, self.settings.timeouts.idle_s)
 
     @property
     def in_flight(self) -> int:

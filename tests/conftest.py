@@ -157,6 +157,9 @@ DOCUMENTED_LOG_FIELDS = frozenset(
         "retry_of",
         "retry_gap_ms",
         "retried_outcome",
+        "resumes",
+        "resumed_from",
+        "resume_reason",
     }
 )
 

@@ -841,6 +841,7 @@ def test_check_config_masks_secrets(tmp_path: Path) -> None:
         "requests_per_minute": None,
         "tokens_per_minute": None,
         "weight": 1.0,
+        "admin": False,
     }
 
 

@@ -31,7 +31,7 @@ the warnings of `check-config`). Import from here: `from gateway.config import S
 
 from __future__ import annotations
 
-from gateway.config.backends import DEFAULT_MAX_CONCURRENCY, BackendSettings
+from gateway.config.backends import DEFAULT_MAX_CONCURRENCY, BackendSettings, EngineKind
 from gateway.config.checks import consistency_warnings
 from gateway.config.constraints import (
     ConfigError,
@@ -47,6 +47,7 @@ from gateway.config.loading import load_settings, validate
 from gateway.config.models import ModelLimits, ModelSettings, ModelTarget, model_limits
 from gateway.config.observability import LoggingSettings, TracingSettings
 from gateway.config.redis import RedisSettings
+from gateway.config.resume import ResumeSettings
 from gateway.config.retries import RetrySettings
 from gateway.config.routing import RoutingSettings
 from gateway.config.server import ServerSettings
@@ -62,6 +63,7 @@ __all__ = [
     "CLI_ENV_NAMES",
     "ConfigError",
     "DEFAULT_MAX_CONCURRENCY",
+    "EngineKind",
     "ENV_PREFIX",
     "HealthSettings",
     "KeyPath",
@@ -77,6 +79,7 @@ __all__ = [
     "Positive",
     "PositiveFloat",
     "RedisSettings",
+    "ResumeSettings",
     "RetrySettings",
     "RoutingSettings",
     "ServerSettings",

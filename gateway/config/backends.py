@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import field
 
 from gateway.config.constraints import Positive, PositiveFloat, rule
+
+#: The engines whose way of continuing an answer the gateway knows (`dialects/`).
+EngineKind = Literal["vllm", "sglang", "llama.cpp", "tgi"]
 
 #: Slots of a backend whose config does not set them and whose engine does not say.
 DEFAULT_MAX_CONCURRENCY = 8
@@ -40,3 +43,7 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     models: list[Annotated[str, rule("be a non-empty name", min_length=1)]] = field(
         default_factory=list
     )
+    #: What engine it is, for continuing an answer there when another backend broke off
+    #: mid-stream (`upstream/resume.py`). Unset: what the engine says of itself (its
+    #: /props, /info, /v1/models); an engine that says nothing is never resumed on.
+    engine: EngineKind | None = None

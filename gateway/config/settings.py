@@ -16,6 +16,7 @@ from gateway.config.limits import LimitsSettings, TokenizerSettings
 from gateway.config.models import ModelSettings
 from gateway.config.observability import LoggingSettings, TracingSettings
 from gateway.config.redis import RedisSettings
+from gateway.config.resume import ResumeSettings
 from gateway.config.retries import RetrySettings
 from gateway.config.routing import RoutingSettings
 from gateway.config.server import ServerSettings
@@ -44,6 +45,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
+    resume: ResumeSettings = field(default_factory=ResumeSettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, freshly built dicts and lists (a caller may edit them, e.g. to mask keys)."""
@@ -81,6 +83,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "shadow": ShadowSettings,
     "tracing": TracingSettings,
     "redis": RedisSettings,
+    "resume": ResumeSettings,
 }
 ARRAYS: dict[str, type[msgspec.Struct]] = {
     "backends": BackendSettings,

@@ -33,6 +33,8 @@ class ApiKeySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     #: Its share of a lane when several tenants wait there: backlogged tenants are
     #: served in proportion to their weights ([tenants] fair_share).
     weight: PositiveFloat = 1.0
+    #: May call the admin routes (`POST /admin/backends/{name}/drain`, `.../undrain`).
+    admin: bool = False
 
 
 class TenantSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

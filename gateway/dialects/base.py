@@ -20,6 +20,7 @@ from gateway.admission.limits import OutputBudget
 from gateway.admission.tokens import TokenCounter
 from gateway.config import LimitsSettings
 from gateway.upstream.engine_timings import EngineReport
+from gateway.upstream.seam import REQUEST_SHAPE, Continuation, Seam
 from gateway.upstream.sse import StreamWatcher
 
 
@@ -66,6 +67,33 @@ class Dialect(ABC):
     def client_body(self, shape: RequestShape, body: bytes) -> bytes:
         """A whole answer as the client asked for it (only TGI ever changes it)."""
         return body
+
+    # -- resuming an answer on another backend (`upstream/resume.py`) ------------------
+
+    def not_resumable(self, shape: RequestShape) -> str | None:
+        """Why a stream of this request could not be continued faithfully elsewhere; None
+        when it could (what the client already has is then kept for a seam)."""
+        return REQUEST_SHAPE
+
+    def read_seam(self, relayed: bytes) -> Seam:
+        """What the client has of the answer, from the events relayed to it."""
+        return Seam(obstacle=REQUEST_SHAPE)
+
+    def continuation(
+        self, fields: dict[str, Any], seam: Seam, max_tokens: int, engine: str | None
+    ) -> dict[str, Any] | None:
+        """The backend body that asks `engine` to go on from `seam.text` with `max_tokens`
+        more at most; None when that engine's way of continuing is not known."""
+        return None
+
+    def end_of_answer(self, seam: Seam, shape: RequestShape) -> bytes | None:
+        """The events that end a stream whose backend sent its whole answer but broke off
+        before its end marker; None when this API has no such end to add."""
+        return None
+
+    def continued_stream(self, seam: Seam, shape: RequestShape) -> Continuation:
+        """Rewrites a continuation's events so the client sees one answer."""
+        raise NotImplementedError
 
     @abstractmethod
     def error_event(self, error: dict[str, Any]) -> bytes:

@@ -14,7 +14,38 @@ from gateway.admission.tokens import TokenCounter, chat_parts, completion_prompt
 from gateway.config import LimitsSettings
 from gateway.dialects.base import Dialect, sse_event
 from gateway.upstream.engine_timings import EngineReport, llamacpp_timings
+from gateway.upstream.seam import (
+    LOGPROBS,
+    REQUEST_SHAPE,
+    Continuation,
+    OpenAIContinuation,
+    Seam,
+    read_openai_seam,
+    sse,
+)
 from gateway.upstream.sse import OpenAIStreamWatcher, StreamWatcher, cached_tokens_of
+
+#: Request fields whose answer a continuation could not reproduce faithfully: the tool
+#: calls or the structure in progress, the logprobs of tokens already sent.
+NOT_CONTINUABLE_FIELDS = (
+    "tools",
+    "functions",
+    "response_format",
+    "echo",
+    "suffix",
+    "best_of",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "continue_final_message",
+)
+#: Engines that continue a chat's last assistant message when asked with vLLM's flags
+#: (the simulator speaks vLLM's API and takes both forms).
+CONTINUE_FINAL_MESSAGE_ENGINES = frozenset({"vllm", "sglang", "simulator"})
+#: Engines that serve OpenAI completions, where the prompt is simply extended.
+COMPLETION_ENGINES = frozenset({"vllm", "sglang", "llama.cpp", "tgi", "simulator"})
 
 
 class _OpenAIDialect(Dialect):
@@ -48,6 +79,43 @@ class _OpenAIDialect(Dialect):
     def error_event(self, error: dict[str, Any]) -> bytes:
         return sse_event({"error": error})
 
+    def not_resumable(self, shape: RequestShape) -> str | None:
+        body = shape.body
+        if shape.n > 1 or shape.prompt_count != 1:
+            return REQUEST_SHAPE
+        if body.get("logprobs") or body.get("top_logprobs"):
+            return LOGPROBS
+        if any(body.get(name) not in (None, False) for name in NOT_CONTINUABLE_FIELDS):
+            return REQUEST_SHAPE
+        return None
+
+    def read_seam(self, relayed: bytes) -> Seam:
+        return read_openai_seam(relayed)
+
+    def continued_stream(self, seam: Seam, shape: RequestShape) -> Continuation:
+        return OpenAIContinuation(seam, strip_usage=not shape.client_wants_usage)
+
+    def end_of_answer(self, seam: Seam, shape: RequestShape) -> bytes | None:
+        """The usage chunk the client asked for (the backend's never came: its prompt is
+        the gateway's count) and `[DONE]`."""
+        end = seam.data_prefix + b"[DONE]\n\n"
+        if not shape.client_wants_usage:
+            return end
+        usage = {
+            "prompt_tokens": shape.prompt_tokens,
+            "completion_tokens": seam.tokens,
+            "total_tokens": shape.prompt_tokens + seam.tokens,
+        }
+        return sse({**seam.head, "choices": [], "usage": usage}, seam.data_prefix) + end
+
+
+def _with_budget(fields: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """The output cap fields set to what is left of the budget."""
+    names = [n for n in ("max_completion_tokens", "max_tokens") if n in fields] or ["max_tokens"]
+    for name in names:
+        fields[name] = max_tokens
+    return fields
+
 
 class ChatDialect(_OpenAIDialect):
     request_type = ChatCompletionRequest
@@ -80,6 +148,27 @@ class ChatDialect(_OpenAIDialect):
             prefix=size.prefix,
         )
 
+    def not_resumable(self, shape: RequestShape) -> str | None:
+        messages = shape.body.get("messages")
+        if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+            return REQUEST_SHAPE  # the client's own prefill: one continuation at a time
+        return super().not_resumable(shape)
+
+    def continuation(
+        self, fields: dict[str, Any], seam: Seam, max_tokens: int, engine: str | None
+    ) -> dict[str, Any] | None:
+        """vLLM and SGLang: the text as a final assistant message with
+        `continue_final_message` (and no generation prompt, which vLLM requires);
+        llama.cpp: a last assistant message, which it continues by default."""
+        answer = {"role": "assistant", "content": seam.text}
+        body = dict(fields, messages=[*fields["messages"], answer])
+        if engine in CONTINUE_FINAL_MESSAGE_ENGINES:
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+        elif engine != "llama.cpp":
+            return None
+        return _with_budget(body, max_tokens)
+
 
 class CompletionDialect(_OpenAIDialect):
     request_type = CompletionRequest
@@ -104,6 +193,24 @@ class CompletionDialect(_OpenAIDialect):
             client_wants_usage=request.wants_usage,
             prefix=size.prefix,
         )
+
+    def not_resumable(self, shape: RequestShape) -> str | None:
+        prompt = shape.body.get("prompt")
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str)
+        ):
+            return REQUEST_SHAPE  # token ids: the text would have to be encoded as theirs
+        return super().not_resumable(shape)
+
+    def continuation(
+        self, fields: dict[str, Any], seam: Seam, max_tokens: int, engine: str | None
+    ) -> dict[str, Any] | None:
+        """Every engine: the prompt followed by the text so far."""
+        if engine not in COMPLETION_ENGINES:
+            return None
+        prompt = fields["prompt"]
+        prompt = prompt + seam.text if isinstance(prompt, str) else [prompt[0] + seam.text]
+        return _with_budget(dict(fields, prompt=prompt), max_tokens)
 
 
 @functools.lru_cache(maxsize=1)

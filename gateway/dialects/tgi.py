@@ -18,7 +18,18 @@ from gateway.admission.schema import TgiCompatRequest, TgiGenerateRequest, parse
 from gateway.admission.tokens import PromptParts, TokenCounter
 from gateway.config import LimitsSettings
 from gateway.dialects.base import Dialect, sse_event
+from gateway.upstream.seam import (
+    LOGPROBS,
+    REQUEST_SHAPE,
+    Continuation,
+    Seam,
+    TgiContinuation,
+    read_tgi_seam,
+)
 from gateway.upstream.sse import StreamWatcher, TgiStreamWatcher
+
+#: Engines that serve TGI's `/generate_stream` (the simulator speaks it too).
+TGI_ENGINES = frozenset({"tgi", "simulator"})
 
 
 class TgiDialect(Dialect):
@@ -96,3 +107,26 @@ class TgiDialect(Dialect):
     def error_event(self, error: dict[str, Any]) -> bytes:
         # huggingface_hub reads a TGI stream's error as a string with an `error_type`.
         return sse_event({"error": error["message"], "error_type": error["code"]})
+
+    def not_resumable(self, shape: RequestShape) -> str | None:
+        parameters = shape.body.get("parameters") or {}
+        if shape.n > 1 or parameters.get("return_full_text") or parameters.get("grammar"):
+            return REQUEST_SHAPE
+        if parameters.get("top_n_tokens") or parameters.get("decoder_input_details"):
+            return LOGPROBS
+        return None
+
+    def read_seam(self, relayed: bytes) -> Seam:
+        return read_tgi_seam(relayed)
+
+    def continuation(
+        self, fields: dict[str, Any], seam: Seam, max_tokens: int, engine: str | None
+    ) -> dict[str, Any] | None:
+        """TGI: the inputs followed by the text so far, `max_new_tokens` what is left."""
+        if engine not in TGI_ENGINES:
+            return None
+        parameters = dict(fields.get("parameters") or {}, max_new_tokens=max_tokens)
+        return dict(fields, inputs=fields["inputs"] + seam.text, parameters=parameters)
+
+    def continued_stream(self, seam: Seam, shape: RequestShape) -> Continuation:
+        return TgiContinuation(seam, strip_usage=False)

@@ -205,6 +205,49 @@ def _generation_responses(ok_content: dict[str, Schema], *, tgi: bool = False) -
     return responses
 
 
+def _admin(operation_id: str, summary: str, *, drain: bool) -> dict[str, Schema]:
+    """An admin route on one backend (`http/admin.py`)."""
+    parameters: list[Schema] = [
+        {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+    ]
+    if drain:
+        parameters += [
+            {
+                "name": "deadline_s",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "number", "minimum": 0, "maximum": 3600},
+            },
+            {"name": "wait", "in": "query", "required": False, "schema": {"type": "boolean"}},
+        ]
+    state: Schema = {
+        "type": "object",
+        "properties": {
+            "backend": {"type": "string"},
+            "draining": {"type": "boolean"},
+            "deadline_s": {"type": ["number", "null"]},
+            "in_flight": {"type": "integer"},
+            "idle": {"type": "boolean"},
+        },
+    }
+    return {
+        "post": {
+            "operationId": operation_id,
+            "summary": summary,
+            "parameters": parameters,
+            "responses": {
+                "200": {
+                    "description": "The backend's drain state.",
+                    "content": {JSON: {"schema": state}},
+                },
+                "400": _response_ref("Error400"),
+                "401": _response_ref("Error401"),
+                "404": _response_ref("Error404"),
+            },
+        }
+    }
+
+
 def _components_responses() -> dict[str, Schema]:
     """One response per status, its description made from the error table's situations."""
     responses: dict[str, Schema] = {}
@@ -375,6 +418,15 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                 },
             }
         },
+        "/admin/backends/{name}/drain": _admin(
+            "drainBackend",
+            "Drain a backend: no new request; its streams finish, or are carried over to "
+            "another backend at the deadline (admin key, or loopback without keys)",
+            drain=True,
+        ),
+        "/admin/backends/{name}/undrain": _admin(
+            "undrainBackend", "End a backend's drain: it takes requests again", drain=False
+        ),
         "/openapi.json": {
             "get": {
                 "operationId": "openapi",

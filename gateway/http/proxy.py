@@ -1,10 +1,15 @@
-"""The path every generation request takes: read, admit, queue, dispatch, record.
+"""The path every generation request takes, as named stages over one `Flight`.
 
 One handler for all API dialects (OpenAI chat and completions, TGI): a route
 is a backend path and a `Dialect`, which knows how its bodies are measured and
-shaped. The handler only wires the stages together and turns refusals into
-answers; policy lives in admission (caps, lanes, rights), scheduling (queues,
-slots) and upstream (retry, health).
+shaped. `proxy()` walks a request down the stages (read, route, identify,
+retry check, measure, admit, reserve quota, queue, lease; then `send`, which
+dispatches and, when a backend fails mid-answer, resumes elsewhere) and back
+once: a refusal from any stage is answered by `refused`, and `settle` alone
+gives back what was taken (slot, quota, retry memory) and ends the record.
+Each stage only wires the request to its room: policy lives in admission
+(caps, lanes, rights), scheduling (queues, slots), fleet (leases, quotas) and
+upstream (retry, resume, health).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import aiohttp
 import msgspec
@@ -21,6 +27,8 @@ from aiohttp import web
 from gateway.admission.admit import Admission, RequestShape, admit, calibrated
 from gateway.admission.deadline import DEADLINE_HEADER, client_deadline_s
 from gateway.admission.retries import Fingerprint, Retry, Seen, fingerprint, retried_outcome
+from gateway.admission.tenants import Tenant
+from gateway.config import ApiKeySettings, LimitsSettings
 from gateway.dialects.base import Dialect
 from gateway.fleet.leases import SlotLeases, leased
 from gateway.fleet.quotas import QuotaReservation
@@ -43,8 +51,12 @@ from gateway.state import GATEWAY, GatewayState
 from gateway.upstream.affinity import SESSION_HEADER, session_key
 from gateway.upstream.dispatch import dispatch
 from gateway.upstream.learn import learn_from, split_time
-from gateway.upstream.pool import Backend, RouteHint
+from gateway.upstream.models import Route as ModelRoute
+from gateway.upstream.pool import Backend, BackendPool, RouteHint
 from gateway.upstream.relay import RelayPlan
+from gateway.upstream.resume import Resumer
+from gateway.upstream.seam import DISABLED, NO_BACKEND, REQUEST_SHAPE, RelayedEvents, Seam
+from gateway.upstream.stall import StallRule
 
 MAX_REQUEST_ID_LENGTH = 128
 
@@ -223,6 +235,9 @@ def relay_plan(
     on_first_byte: Callable[[], None],
     early: EarlyStream | None = None,
     trace: TraceContext | None = None,
+    relayed: RelayedEvents | None = None,
+    resume_blocked: str | None = None,
+    stall: StallRule | None = None,
 ) -> RelayPlan:
     """What to send to `backend` for one attempt (the body was encoded once, before)."""
     if backend.priority_field:
@@ -248,7 +263,24 @@ def relay_plan(
         on_first_byte=on_first_byte,
         early_response=None if early is None else early.response,
         stop_early=None if early is None else early.stop,
+        relayed=relayed,
+        resume_blocked=resume_blocked,
+        stall=stall,
     )
+
+
+def resume_blocked(
+    state: GatewayState, dialect: Dialect, shape: RequestShape, pool: BackendPool
+) -> str | None:
+    """Why this request's answer could not be carried over should its backend fail
+    mid-stream (None: it could, and what the client gets is kept for that)."""
+    if not shape.stream:
+        return REQUEST_SHAPE
+    if not state.settings.resume.enabled:
+        return DISABLED
+    if len(pool.backends) < 2:
+        return NO_BACKEND
+    return dialect.not_resumable(shape)
 
 
 def retry_fingerprint(
@@ -310,169 +342,57 @@ async def settled(
     return response
 
 
-async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> web.StreamResponse:
-    record = RequestRecord(request_id_of(request), request.path, clock())
-    record.trace = incoming_trace(request.headers, state.tracer)
-    headers = {"x-request-id": record.request_id}
+@dataclass(slots=True)
+class Flight:
+    """One request on its way down the stages and back: what each stage leaves for the
+    next, and what the unwinding (`settle`) gives back. Fields after `scheduler` are set
+    by the stage that names them; those `settle` reads are None until then."""
+
+    request: web.Request
+    state: GatewayState
+    dialect: Dialect
+    record: RequestRecord
+    #: The answer's headers, filled in as the stages learn them.
+    headers: dict[str, str]
+    #: The default pool's, until the request's model says (`route`).
+    scheduler: Scheduler
     grant: Grant | None = None
     quota: QuotaReservation | None = None
     prefill_timer: asyncio.TimerHandle | None = None
     early: EarlyStream | None = None
     seen: Seen | None = None
-    scheduler = state.scheduler  # the default pool's, until the request's model says
+    client: ApiKeySettings | None = None
+    body: dict[str, object] = field(default_factory=dict)
+    raw: bytes = b""
+    route: ModelRoute = field(init=False)
+    tenant: Tenant = field(init=False)
+    limits: LimitsSettings = field(init=False)
+    shape: RequestShape = field(init=False)
+    admission: Admission = field(init=False)
+    backend_fields: dict[str, object] = field(init=False)
+    backend_body: bytes = field(init=False)
+    hint: RouteHint = field(init=False)
+    leases: SlotLeases | None = None
+
+    @property
+    def pool(self) -> BackendPool:
+        return self.route.pool.pool
+
+
+async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> web.StreamResponse:
+    """Down the stages, then back once: refusals answered, the unwinding in `settle`."""
+    record = RequestRecord(request_id_of(request), request.path, clock())
+    record.trace = incoming_trace(request.headers, state.tracer)
+    headers = {"x-request-id": record.request_id}
+    flight = Flight(request, state, dialect, record, headers, state.scheduler)
     try:
-        if state.draining:
-            raise shutting_down()
-        client = state.keys.identify(request.headers.get("Authorization"))
-        if client is not None:
-            record.client = client.name
-        server = state.settings.server
-        body, raw = await read_json_object(request, server.max_body_bytes, server.read_timeout_s)
-        asked = body.get("model")
-        record.model = asked if isinstance(asked, str) else None
-        route = state.pools.resolve(record.model)  # before counting: no pool, no work
-        record.pool = route.pool.name
-        pool, scheduler = route.pool.pool, route.pool.scheduler
-        tenant = state.tenants.identify(client, request.headers, body)
-        record.tenant, record.tenant_weight = tenant.name, tenant.weight
-        if state.retries.enabled:
-            seen, retry = state.retries.arrive(
-                retry_fingerprint(request, raw, body, record), record.request_id, record.arrival
-            )
-            damped = None if retry is None else note_retry(record, retry)
-            if damped is not None:
-                raise damped
-        # The model's caps (its [[models]] limits, else [limits]), tightened by its pool.
-        limits = route.pool.sizer.in_force(route.limits)
-        shape = await dialect.measure(body, limits, state.counter)
-        record.model = shape.model
-        record.stream = shape.stream
-        record.prompt_tokens = shape.prompt_tokens
-        record.max_tokens_requested = shape.requested_max_tokens
-        headers["x-gateway-prompt-tokens"] = str(shape.prompt_tokens)
-        requested_lane = request.headers.get("X-Gateway-Lane")
-        client_deadline = client_deadline_s(request.headers.get(DEADLINE_HEADER))
-        admission = admit(
-            shape,
-            state.settings,
-            client,
-            requested_lane,
-            limits=limits,
-            token_ratio=pool.token_ratio(None),
-            cached_tokens=pool.expected_cached_tokens(shape.prefix)
-            if state.settings.routing.lane_by_uncached_tokens
-            else 0,
-        )
-        if admission.override_ignored:
-            state.events.warning(
-                "lane_override_ignored",
-                request_id=record.request_id,
-                client=record.client,
-                requested=(requested_lane or "")[:64],
-            )
-        lane = admission.lane.name
-        record.lane = lane
-        record.max_tokens = admission.budget.max_tokens
-        headers.update(admission_headers(admission))
-        pool.require_available(lane)
-        backend_fields = dialect.backend_body(shape, admission.budget)
-        if route.target is not None:  # an alias: the backend is asked for its target
-            backend_fields["model"] = route.target
-        backend_body = encode_backend_body(backend_fields)
-        quota = await state.quotas.reserve(  # the key's requests and tokens per minute
-            client,
-            calibrated(shape.prompt_tokens, pool.token_ratio(None)),
-            admission.budget.total,
-        )
-        if quota is not None:
-            headers.update(quota.headers)
-            quota.check()
-            record.quota_tokens = quota.tokens
-        route.pool.sizer.prompt_sizes.add(lane, shape.prompt_tokens)
-        if shape.stream and server.sse_keepalive_s > 0:
-            early = EarlyStream(request, headers, server.sse_keepalive_s)
-        record.enqueued = clock()
-        budget = admission.budget
-        note = WaitNote()
-        queue_deadline = (
-            None
-            if client_deadline is None
-            else queue_budget_s(client_deadline, pool.prefill_s(lane, shape.prompt_tokens))
-        )
-        hint = route_hint(
-            request, shape, record.client, scheduler.deadline_for(lane, queue_deadline)
-        )
-        try:
-            grant = held = await scheduler.acquire(
-                lane,
-                shape.prompt_tokens,
-                budget.total,
-                client_deadline_s=queue_deadline,
-                note=note,
-                hint=hint,
-                tenant=tenant.name,
-                weight=tenant.weight,
-            )
-        finally:
-            record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
-        leases = None if state.fleet is None else state.fleet.leases_of(route.pool.name)
-        if leases is not None:
-            grant = held = await leased(
-                leases,
-                scheduler,
-                held,
-                record,
-                prompt_tokens=shape.prompt_tokens,
-                output_tokens=budget.total,
-                deadline_s=note.deadline_s or 0.0,
-                hint=hint,
-            )
-        record.dispatched = clock()
-        record.cached_tokens_expected = held.slot.cached_tokens
-        record.routed_by = held.slot.reason
-        if early is not None:
-            early.phase = WAITING
-        if not shape.stream:
-            prefill_timer = end_prefill_when_predicted(scheduler, held)
-        headers.update(queue_headers(record.queue_ms))
-        priority = state.settings.lanes.index(admission.lane)
-
-        def plan_for(backend: Backend) -> RelayPlan:
-            return relay_plan(
-                backend,
-                backend_body,
-                dialect=dialect,
-                shape=shape,
-                request_id=record.request_id,
-                priority=priority,
-                response_headers=headers,
-                on_first_byte=lambda: scheduler.prefill_done(held),
-                early=early,
-                trace=record.trace,
-            )
-
-        state.shadow.offer(record, dialect, shape, backend_body, route)  # sync: its own task
-        response = await dispatch(
-            request,
-            record,
-            upstream=state.upstream,
-            pool=pool,
-            backend=lambda: held.slot.backend,
-            plan_for=plan_for,
-            move_elsewhere=lambda: moved(
-                scheduler.reassign(held, shape.prompt_tokens, budget.total, hint), leases, held
-            ),
-        )
+        for stage in STAGES:
+            await stage(flight)
+        response = await send(flight)
+        early = flight.early
         return response if early is None else await settled(early, response, record, dialect)
     except Refusal as refusal:
-        record.status = status_of(refusal)
-        record.outcome = refusal.outcome
-        record.error_code = refusal.code
-        record.retry_after_s = refusal.retry_after_s
-        record.end = clock()
-        headers.update(queue_headers(record.queue_ms))
-        answer = error_response(refusal, headers)
-        return answer if early is None else await settled(early, answer, record, dialect)
+        return await refused(flight, refusal)
     except asyncio.CancelledError:
         record.outcome = Outcome.CLIENT_DISCONNECTED
         if record.status is None:
@@ -483,26 +403,302 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.status = 500
         raise
     finally:
-        if early is not None:
-            early.cancel()
-        if prefill_timer is not None:
-            prefill_timer.cancel()
-        if record.end is None:
-            record.end = clock()
-        if grant is not None:
-            try:
-                record.timings = split_time(record, grant.slot)
-                learn_from(record, grant.slot)
-            finally:
-                scheduler.release(grant, *served_tokens(record))
-                record.cost_tokens = grant.cost
-        state.quotas.give_back(quota, record)  # in the background: never delays the answer
-        if seen is not None:
-            state.retries.end(
-                seen,
-                retried_outcome(record.outcome, record.error_code),
-                record.retry_after_s,
-                record.lane,
-                record.end if record.end is not None else clock(),
-            )
-        state.finish(record)
+        settle(flight)
+
+
+# --- the stages, in order ------------------------------------------------------------------
+
+
+async def read(flight: Flight) -> None:
+    """Who is calling (their key) and what they sent (a JSON object, within the limits)."""
+    state, request = flight.state, flight.request
+    if state.draining:
+        raise shutting_down()
+    flight.client = state.keys.identify(request.headers.get("Authorization"))
+    if flight.client is not None:
+        flight.record.client = flight.client.name
+    server = state.settings.server
+    flight.body, flight.raw = await read_json_object(
+        request, server.max_body_bytes, server.read_timeout_s
+    )
+
+
+async def route(flight: Flight) -> None:
+    """The pool that serves the request's model: before counting, no pool, no work."""
+    record = flight.record
+    asked = flight.body.get("model")
+    record.model = asked if isinstance(asked, str) else None
+    flight.route = flight.state.pools.resolve(record.model)
+    record.pool = flight.route.pool.name
+    flight.scheduler = flight.route.pool.scheduler
+
+
+async def identify(flight: Flight) -> None:
+    """Whose share of a lane it is (`admission/tenants.py`)."""
+    tenant = flight.state.tenants.identify(flight.client, flight.request.headers, flight.body)
+    flight.tenant = tenant
+    flight.record.tenant, flight.record.tenant_weight = tenant.name, tenant.weight
+
+
+async def check_retry(flight: Flight) -> None:
+    """A retry of a request seen shortly before: noted, and refused at once when damped."""
+    retries, record = flight.state.retries, flight.record
+    if not retries.enabled:
+        return
+    sender = retry_fingerprint(flight.request, flight.raw, flight.body, record)
+    flight.seen, retry = retries.arrive(sender, record.request_id, record.arrival)
+    damped = None if retry is None else note_retry(record, retry)
+    if damped is not None:
+        raise damped
+
+
+async def measure(flight: Flight) -> None:
+    """Validate and count the prompt under the model's caps, tightened by its pool."""
+    flight.limits = flight.route.pool.sizer.in_force(flight.route.limits)
+    shape = await flight.dialect.measure(flight.body, flight.limits, flight.state.counter)
+    flight.shape = shape
+    record = flight.record
+    record.model, record.stream = shape.model, shape.stream
+    record.prompt_tokens = shape.prompt_tokens
+    record.max_tokens_requested = shape.requested_max_tokens
+    flight.headers["x-gateway-prompt-tokens"] = str(shape.prompt_tokens)
+
+
+async def admit_request(flight: Flight) -> None:
+    """Caps, budget and lane (`admission/admit.py`); the backend's body, encoded once."""
+    state, shape, pool, record = flight.state, flight.shape, flight.pool, flight.record
+    requested_lane = flight.request.headers.get("X-Gateway-Lane")
+    admission = admit(
+        shape,
+        state.settings,
+        flight.client,
+        requested_lane,
+        limits=flight.limits,
+        token_ratio=pool.token_ratio(None),
+        cached_tokens=pool.expected_cached_tokens(shape.prefix)
+        if state.settings.routing.lane_by_uncached_tokens
+        else 0,
+    )
+    if admission.override_ignored:
+        state.events.warning(
+            "lane_override_ignored",
+            request_id=record.request_id,
+            client=record.client,
+            requested=(requested_lane or "")[:64],
+        )
+    flight.admission = admission
+    record.lane = admission.lane.name
+    record.max_tokens = admission.budget.max_tokens
+    flight.headers.update(admission_headers(admission))
+    pool.require_available(admission.lane.name)
+    fields = flight.dialect.backend_body(shape, admission.budget)
+    if flight.route.target is not None:  # an alias: the backend is asked for its target
+        fields["model"] = flight.route.target
+    flight.backend_fields = fields
+    flight.backend_body = encode_backend_body(fields)
+
+
+async def reserve_quota(flight: Flight) -> None:
+    """The key's requests and tokens per minute (`fleet/quotas.py`)."""
+    shape, budget = flight.shape, flight.admission.budget
+    flight.quota = quota = await flight.state.quotas.reserve(
+        flight.client, calibrated(shape.prompt_tokens, flight.pool.token_ratio(None)), budget.total
+    )
+    if quota is not None:
+        flight.headers.update(quota.headers)
+        quota.check()
+        flight.record.quota_tokens = quota.tokens
+
+
+async def queue(flight: Flight) -> None:
+    """Wait in the lane's queue for a slot (`scheduling/scheduler.py`)."""
+    state, shape, record, lane = flight.state, flight.shape, flight.record, flight.record.lane
+    assert lane is not None
+    server = state.settings.server
+    flight.route.pool.sizer.prompt_sizes.add(lane, shape.prompt_tokens)
+    if shape.stream and server.sse_keepalive_s > 0:
+        flight.early = EarlyStream(flight.request, flight.headers, server.sse_keepalive_s)
+    record.enqueued = clock()
+    client_deadline = client_deadline_s(flight.request.headers.get(DEADLINE_HEADER))
+    queue_deadline = (
+        None
+        if client_deadline is None
+        else queue_budget_s(client_deadline, flight.pool.prefill_s(lane, shape.prompt_tokens))
+    )
+    scheduler = flight.scheduler
+    flight.hint = route_hint(
+        flight.request, shape, record.client, scheduler.deadline_for(lane, queue_deadline)
+    )
+    note = WaitNote()
+    try:
+        flight.grant = await scheduler.acquire(
+            lane,
+            shape.prompt_tokens,
+            flight.admission.budget.total,
+            client_deadline_s=queue_deadline,
+            note=note,
+            hint=flight.hint,
+            tenant=flight.tenant.name,
+            weight=flight.tenant.weight,
+        )
+    finally:
+        record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
+
+
+async def lease(flight: Flight) -> None:
+    """With [redis]: the slot leased across replicas (`fleet/leases.py`)."""
+    state, grant = flight.state, flight.grant
+    assert grant is not None
+    flight.leases = leases = (
+        None if state.fleet is None else state.fleet.leases_of(flight.route.pool.name)
+    )
+    if leases is not None:
+        flight.grant = await leased(
+            leases,
+            flight.scheduler,
+            grant,
+            flight.record,
+            prompt_tokens=flight.shape.prompt_tokens,
+            output_tokens=flight.admission.budget.total,
+            deadline_s=flight.record.deadline_s or 0.0,
+            hint=flight.hint,
+        )
+
+
+#: The stages before the backend, in order: each leaves its part on the flight.
+STAGES: tuple[Callable[[Flight], Awaitable[None]], ...] = (
+    read,
+    route,
+    identify,
+    check_retry,
+    measure,
+    admit_request,
+    reserve_quota,
+    queue,
+    lease,
+)
+
+
+async def send(flight: Flight) -> web.StreamResponse:
+    """Dispatch on the granted backend: retried elsewhere before its first byte, resumed
+    elsewhere after it (`upstream/dispatch.py`, `upstream/resume.py`)."""
+    state, shape, record, dialect = flight.state, flight.shape, flight.record, flight.dialect
+    held, scheduler, budget, headers = (
+        flight.grant,
+        flight.scheduler,
+        flight.admission.budget,
+        flight.headers,
+    )
+    assert held is not None
+    record.dispatched = clock()
+    record.cached_tokens_expected = held.slot.cached_tokens
+    record.routed_by = held.slot.reason
+    early = flight.early
+    if early is not None:
+        early.phase = WAITING
+    if not shape.stream:
+        flight.prefill_timer = end_prefill_when_predicted(scheduler, held)
+    headers.update(queue_headers(record.queue_ms))
+    priority = state.settings.lanes.index(flight.admission.lane)
+    blocked = resume_blocked(state, dialect, shape, flight.pool)
+    stall = None if blocked else state.stall_rule
+
+    def plan_for(backend: Backend, body: bytes = flight.backend_body) -> RelayPlan:
+        return relay_plan(
+            backend,
+            body,
+            dialect=dialect,
+            shape=shape,
+            request_id=record.request_id,
+            priority=priority,
+            response_headers=headers,
+            on_first_byte=lambda: scheduler.prefill_done(held),
+            early=early,
+            trace=record.trace,
+            relayed=None if blocked else RelayedEvents(state.settings.resume.buffer_bytes),
+            resume_blocked=blocked,
+            stall=stall,
+        )
+
+    def continue_for(backend: Backend, seam: Seam) -> RelayPlan | None:
+        fields = dialect.continuation(
+            flight.backend_fields, seam, budget.max_tokens - seam.tokens, backend.engine
+        )
+        return None if fields is None else plan_for(backend, encode_backend_body(fields))
+
+    def move_elsewhere() -> bool:
+        reassigned = scheduler.reassign(held, shape.prompt_tokens, budget.total, flight.hint)
+        return moved(reassigned, flight.leases, held)
+
+    def carry_elsewhere() -> bool:
+        """For a resume: another backend's free slot, else a place over its limit."""
+        if move_elsewhere():
+            return True
+        lane = record.lane
+        slot = None if lane is None else flight.pool.take_over(lane, held.slot)
+        if slot is None:
+            return False
+        flight.pool.give_back(held.slot)
+        held.slot = slot
+        scheduler.notify_capacity()  # what the old slot freed goes to the queue
+        return moved(True, flight.leases, held)
+
+    state.shadow.offer(record, dialect, shape, flight.backend_body, flight.route)  # own task
+    return await dispatch(
+        flight.request,
+        record,
+        upstream=state.upstream,
+        pool=flight.pool,
+        backend=lambda: held.slot.backend,
+        plan_for=plan_for,
+        move_elsewhere=move_elsewhere,
+        resumer=Resumer(
+            state.settings.resume.max_resumes,
+            move_elsewhere=carry_elsewhere,
+            backend=lambda: held.slot.backend,
+            continue_for=continue_for,
+        ),
+    )
+
+
+async def refused(flight: Flight, refusal: Refusal) -> web.StreamResponse:
+    """A refusal as its answer (or, once keep-alive comments began, as the last event)."""
+    record, headers = flight.record, flight.headers
+    record.status = status_of(refusal)
+    record.outcome = refusal.outcome
+    record.error_code = refusal.code
+    record.retry_after_s = refusal.retry_after_s
+    record.end = clock()
+    headers.update(queue_headers(record.queue_ms))
+    answer = error_response(refusal, headers)
+    early = flight.early
+    return answer if early is None else await settled(early, answer, record, flight.dialect)
+
+
+def settle(flight: Flight) -> None:
+    """The one unwinding: timers stopped, what was learned kept, the slot, the quota and
+    the retry memory given back, the record ended (its log line and metrics)."""
+    state, record, grant = flight.state, flight.record, flight.grant
+    if flight.early is not None:
+        flight.early.cancel()
+    if flight.prefill_timer is not None:
+        flight.prefill_timer.cancel()
+    if record.end is None:
+        record.end = clock()
+    if grant is not None:
+        try:
+            record.timings = split_time(record, grant.slot)
+            learn_from(record, grant.slot)
+        finally:
+            flight.scheduler.release(grant, *served_tokens(record))
+            record.cost_tokens = grant.cost
+    state.quotas.give_back(flight.quota, record)  # in the background: never delays the answer
+    if flight.seen is not None:
+        state.retries.end(
+            flight.seen,
+            retried_outcome(record.outcome, record.error_code),
+            record.retry_after_s,
+            record.lane,
+            record.end,
+        )
+    state.finish(record)

@@ -186,6 +186,24 @@ class GatewayMetrics:
             "Reads and writes of the learned-state file ([health] state_file) that failed.",
             registry=r,
         )
+        # Answers carried over mid-stream (upstream/resume.py), by why; and carry-overs
+        # that were needed but could not be done, by why not.
+        self.resumes = Counter(
+            "gateway_stream_resumes",
+            "Answers carried over to another backend mid-stream, by the backend left and "
+            "why: broken (reset, early end, error event), stalled (silent past its stall "
+            "time), drained.",
+            ["backend", "reason"],
+            registry=r,
+        )
+        self.resumes_failed = Counter(
+            "gateway_stream_resumes_failed",
+            "Streams whose backend failed mid-answer and that could not be carried over "
+            "(they ended with an error event), by why: request_shape, logprobs, tool_calls, "
+            "reasoning, unknown_engine, no_backend, buffer_full, limit, finished, disabled.",
+            ["why"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
@@ -203,6 +221,11 @@ class GatewayMetrics:
         counter.inc()
         if record.retried_outcome is not None:
             self._observe_retry(lane or "none", record.retried_outcome, record.retry_damped)
+        if record.resumes:
+            for left in record.resumed_from or ():
+                self.resumes.labels(left, record.resume_reason or "broken").inc()
+        if record.resume_failed is not None:
+            self.resumes_failed.labels(record.resume_failed).inc()
         if lane is None:
             return
         series = self._lane_series.get(lane)
@@ -338,6 +361,12 @@ class _LiveGauges(Collector):
             "1 when the backend passes its health checks and is not ejected.",
             labels=["backend"],
         )
+        draining = GaugeMetricFamily(
+            "gateway_backend_draining",
+            "1 while the backend is drained (POST /admin/backends/{name}/drain): no new "
+            "request, its streams finishing or carried over at the drain deadline.",
+            labels=["backend"],
+        )
         ejections = CounterMetricFamily(
             "gateway_backend_ejections",
             "Times a backend was ejected after consecutive failures.",
@@ -351,9 +380,10 @@ class _LiveGauges(Collector):
             prefilling.add_metric(name, backend.prefilling_tokens)
             outstanding.add_metric(name, backend.outstanding_tokens)
             available.add_metric(name, 1 if backend.available(now) else 0)
+            draining.add_metric(name, 1 if backend.draining else 0)
             ejections.add_metric(name, backend.ejections)
         yield from (depth, in_flight, limit, backend_in_flight, backend_slots, prefilling)
-        yield from (outstanding, available, ejections)
+        yield from (outstanding, available, draining, ejections)
 
 
 class _LearnedGauges(Collector):

@@ -76,6 +76,13 @@ class RequestRecord:
     completion_tokens: int | None = None
     #: Backends tried: 2 when the first failed before its first byte and it was retried.
     attempts: int = 0
+    #: Times the answer was carried over to another backend mid-stream, the backends it
+    #: left (in order), why the last time ("broken", "stalled", "drained"), and why a
+    #: carry-over that was needed could not be done (`upstream/seam.py`'s reasons).
+    resumes: int = 0
+    resumed_from: list[str] | None = None
+    resume_reason: str | None = None
+    resume_failed: str | None = None
     #: The queue wait predicted at arrival, and the queue deadline in force (seconds).
     predicted_wait_s: float | None = None
     deadline_s: float | None = None
@@ -179,6 +186,10 @@ class RequestRecord:
             "max_tokens": self.max_tokens,
             "completion_tokens": self.completion_tokens,
             "attempts": self.attempts,
+            "resumes": self.resumes,
+            "resumed_from": self.resumed_from,
+            "resume_reason": self.resume_reason,
+            "resume_failed": self.resume_failed,
             "predicted_wait_ms": _seconds_as_ms(self.predicted_wait_s),
             "deadline_ms": _seconds_as_ms(self.deadline_s),
             "retry_after_s": self.retry_after_s,

@@ -3,7 +3,8 @@
 Retry and passive health are upstream policy, not the handler's: a failure
 before anything reached the client (connection refused or reset, a 502/503,
 a broken answer) is safe to repeat elsewhere, once; after the first byte
-nothing is repeated. Every attempt's result goes to the pool, which decides
+nothing is repeated: a stream that breaks off is carried over to another
+backend from where it was (`resume.py`) when it can be. Every attempt's result goes to the pool, which decides
 health from it.
 """
 
@@ -20,9 +21,11 @@ from gateway.upstream.relay import (
     STREAM_ERROR_CODE,
     BackendFailure,
     RelayPlan,
+    StreamBroken,
     UpstreamClient,
     relay,
 )
+from gateway.upstream.resume import Resumer, carry_over, note_broken
 
 #: A request that failed before its first byte is retried once, on another backend.
 MAX_ATTEMPTS = 2
@@ -37,6 +40,7 @@ async def dispatch(
     backend: Callable[[], Backend],
     plan_for: Callable[[Backend], RelayPlan],
     move_elsewhere: Callable[[], bool],
+    resumer: Resumer | None = None,
 ) -> web.StreamResponse:
     """Relay on `backend()`; on a failure before the first byte, `move_elsewhere()` and retry.
 
@@ -59,6 +63,12 @@ async def dispatch(
         except BackendTimeout:
             pool.record_result(target, Outcome.BACKEND_TIMEOUT)
             raise
+        except StreamBroken as broken:  # only raised when the plan kept what was relayed
+            note_broken(pool, target, broken)
+            assert resumer is not None
+            return await carry_over(
+                request, record, broken, upstream=upstream, pool=pool, resumer=resumer
+            )
         # An error the backend reported inside a 200 stream (TGI's validation
         # errors, for one) is about the request, not the server: it does not count.
         if record.outcome is not None and record.error_code != STREAM_ERROR_CODE:

@@ -67,6 +67,7 @@ import asyncio
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from gateway.admission.prefix import PromptPrefix
@@ -84,6 +85,7 @@ from gateway.upstream.adapters import AdapterCandidate, BackendAdapters, preferr
 from gateway.upstream.affinity import rendezvous_weight
 from gateway.upstream.engine_timings import WindowSplit
 from gateway.upstream.prefix_index import PrefixIndex
+from gateway.upstream.stall import StreamGaps
 
 #: Why a backend was chosen (the routing metric's label).
 BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
@@ -183,6 +185,18 @@ class Backend:
     priority_field: bool = False
     #: max_concurrency came from the config (else from the engine, or the default).
     concurrency_configured: bool = True
+    #: What engine it is ("vllm", "sglang", "llama.cpp", "tgi", "simulator"): how an
+    #: answer is continued there (`resume.py`); None: unknown, never resumed on.
+    engine: str | None = None
+    engine_configured: bool = False
+    #: The longest silences of its recent streams: when one of them is stalled (`stall.py`).
+    gaps: StreamGaps = field(default_factory=StreamGaps)
+    #: Drained (`drain`): no new request; its streams end where they are, or are carried
+    #: over at the drain deadline. It ends by `undrain`, or when the backend comes back
+    #: from a failed health check (a restarted engine: the rollout's new version).
+    draining: bool = False
+    #: The relays streaming from it now, each able to hand its stream over (`Watchdog`).
+    streams: set[Any] = field(default_factory=set)
     in_flight: int = 0
     #: Requests ever sent here (so a probe can tell it had the backend to itself).
     dispatches: int = 0
@@ -244,6 +258,8 @@ class Backend:
             api_key=settings.api_key,
             priority_field=settings.priority_field,
             concurrency_configured=settings.max_concurrency is not None,
+            engine=settings.engine,
+            engine_configured=settings.engine is not None,
         )
         backend.fit_prefill_budget(PRIOR_LONG_PROMPT_TOKENS)
         return backend
@@ -275,7 +291,7 @@ class Backend:
         return self.slot_limit - self.in_flight - self.others_in_flight
 
     def available(self, now: float) -> bool:
-        return self.healthy and now >= self.ejected_until
+        return self.healthy and now >= self.ejected_until and not self.draining
 
     def can_prefill(self, prompt_tokens: int, kept: Kept = NOTHING_KEPT) -> bool:
         """Room in the prefill budget, less what is `kept` for requests waiting in line;
@@ -550,6 +566,24 @@ class BackendPool:
             self._adapter_home[adapter] = best.backend.name
         return slot
 
+    def take_over(self, lane: str, slot: Slot) -> Slot | None:
+        """A slot for an answer carried over mid-stream (`resume.py`) when no backend of the
+        lane has a free one: on the available backend other than `slot`'s with the most
+        room, over its limit. Half an answer already sent is worth more than holding one
+        engine's batch at its size for the seconds the rest takes. None: no such backend."""
+        now = self.clock()
+        candidates = [
+            backend
+            for backend in self.backends_of(lane)
+            if backend is not slot.backend and backend.available(now)
+        ]
+        if not candidates:
+            return None
+        backend = max(
+            candidates, key=lambda b: (b.free_slots / b.max_concurrency, -b.outstanding_tokens)
+        )
+        return self._reserve(backend, slot.prompt_tokens, slot.output_tokens, 0, BY_LOAD, None, now)
+
     def _adapter_of(self, lane: str, hint: RouteHint | None) -> str | None:
         """The request's model when it is a LoRA adapter a backend of the lane lists."""
         model = hint.model if hint is not None else None
@@ -763,9 +797,29 @@ class BackendPool:
         # Serve the queues again when the cooldown ends (a no-op if still unhealthy).
         asyncio.get_running_loop().call_later(cooldown, self.on_available)
 
+    def drain(self, backend: Backend, deadline_s: float) -> asyncio.TimerHandle:
+        """No new request for `backend`; at `deadline_s` its streams still running are
+        handed over (each carried over to another backend when it can be, else cut)."""
+        backend.draining = True
+
+        def hand_over() -> None:
+            if backend.draining:
+                for stream in list(backend.streams):
+                    stream.drain()
+
+        return asyncio.get_running_loop().call_later(deadline_s, hand_over)
+
+    def undrain(self, backend: Backend) -> None:
+        if backend.draining:
+            backend.draining = False
+            self.on_available()
+
     def set_health(self, backend: Backend, healthy: bool) -> None:
-        """The result of an active check."""
+        """The result of an active check. A drained backend that failed its check and
+        passes again was restarted (the new version of a rollout): it serves again."""
         came_back = healthy and not backend.healthy
+        if came_back:
+            backend.draining = False
         if not healthy:
             backend.prefixes.clear()  # down (maybe restarting): its cache is gone
         backend.healthy = healthy

@@ -22,7 +22,9 @@ from gateway.observability.record import RequestRecord, clock
 from gateway.outcomes import BackendError, BackendTimeout, Outcome, Refusal
 from gateway.upstream.engine_timings import llamacpp_timings, tgi_headers
 from gateway.upstream.pool import Backend
+from gateway.upstream.seam import RelayedEvents
 from gateway.upstream.sse import StreamWatcher
+from gateway.upstream.stall import StallRule
 
 if TYPE_CHECKING:
     from gateway.admission.admit import RequestShape
@@ -154,6 +156,28 @@ class BackendFailure(BackendError):
         self.passthrough = passthrough
 
 
+#: Why an answer was carried over to another backend (the log's `resume_reason`).
+BROKEN, STALLED, DRAINED = "broken", "stalled", "drained"
+#: The watchdog's expiries that, mid-answer, are a stalled backend (resumed elsewhere).
+STALL_KINDS = frozenset({"stall", "idle"})
+
+
+class StreamBroken(Exception):
+    """The backend failed after the client's stream had started, and what the client got
+    was kept (`RelayPlan.relayed`): the caller may continue the answer elsewhere.
+
+    Only whole events reached the client; its stream is open, without an end."""
+
+    def __init__(
+        self, reason: str, client_response: web.StreamResponse, plan: RelayPlan, message: str
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.client_response = client_response
+        self.plan = plan
+        self.message = message
+
+
 def _unreachable(backend: Backend, exc: BaseException) -> BackendFailure:
     return BackendFailure(f"Backend {backend.name} is unreachable ({type(exc).__name__}).")
 
@@ -163,7 +187,9 @@ class Watchdog:
 
     One timer per request, re-armed lazily: the relay only stores the time of
     each chunk, and the timer, when it fires, checks whether the silence really
-    lasted. `expired` names the timeout that fired.
+    lasted. `expired` names the timeout that fired. Once the first token has
+    passed, a stream that may be resumed is watched for a stall too (`stall.py`):
+    the relay then also notes its longest silence (`gap`).
     """
 
     __slots__ = (
@@ -172,7 +198,10 @@ class Watchdog:
         "_idle_s",
         "_total_at",
         "_handle",
+        "_stall",
+        "_learned_gap",
         "last",
+        "gap",
         "streaming",
         "expired",
     )
@@ -184,10 +213,29 @@ class Watchdog:
         self._task = task
         self._idle_s = idle_s
         self._total_at = total_at
+        self._stall: StallRule | None = None
+        self._learned_gap = 0.0
         self.last = self._loop.time()
+        #: The longest silence between chunks since the stall watch began.
+        self.gap = 0.0
         self.streaming = False
         self.expired: str | None = None
         self._handle = self._loop.call_at(min(self.last + first_byte_s, total_at), self._check)
+
+    def watch_stall(self, rule: StallRule, learned_gap_s: float) -> None:
+        """From the first token on: a silence past the stall time is a stall."""
+        self._stall = rule
+        self._learned_gap = learned_gap_s
+        self.gap = 0.0
+        self._handle.cancel()
+        self._handle = self._loop.call_at(
+            min(self.last + self._silence_s(), self._total_at), self._check
+        )
+
+    def _silence_s(self) -> float:
+        if self._stall is None:
+            return self._idle_s
+        return min(self._idle_s, self._stall.stall_s(self._learned_gap, self.gap))
 
     def _check(self) -> None:
         now = self._loop.time()
@@ -195,16 +243,19 @@ class Watchdog:
             self._expire("total")
         elif not self.streaming:
             self._expire("first_byte")
-        elif now - self.last >= self._idle_s:
-            self._expire("idle")
+        elif now - self.last >= (silence := self._silence_s()):
+            self._expire("idle" if self._stall is None or silence >= self._idle_s else "stall")
         else:
-            self._handle = self._loop.call_at(
-                min(self.last + self._idle_s, self._total_at), self._check
-            )
+            self._handle = self._loop.call_at(min(self.last + silence, self._total_at), self._check)
 
     def _expire(self, kind: str) -> None:
         self.expired = kind
         self._task.cancel()
+
+    def drain(self) -> None:
+        """Its backend's drain deadline came: hand the stream over (`pool.drain`)."""
+        if self.expired is None:
+            self._expire(DRAINED)
 
     def stop(self) -> None:
         self._handle.cancel()
@@ -244,6 +295,13 @@ class RelayPlan:
     #: keep-alive comments), and how to stop those before the relay writes to it.
     early_response: web.StreamResponse | None = None
     stop_early: Callable[[], Awaitable[None]] | None = None
+    #: The whole events relayed so far, kept when the answer could be resumed elsewhere
+    #: should this backend fail mid-stream (None: it could not; nothing is kept).
+    relayed: RelayedEvents | None = None
+    #: Why not (`seam.py`'s reasons), for the record when the stream does break.
+    resume_blocked: str | None = None
+    #: When a silence mid-answer is a stall (with `relayed`: a stall is resumed elsewhere).
+    stall: StallRule | None = None
 
 
 async def relay(
@@ -260,6 +318,8 @@ async def relay(
     watchdog = Watchdog(first_byte_s, timeouts.idle_s, record.arrival + timeouts.total_s)
     backend_response: aiohttp.ClientResponse | None = None
     client_response: web.StreamResponse | None = None
+    streams = plan.backend.streams
+    streams.add(watchdog)  # a drain may hand it over
     try:
         backend_response = await upstream.post(
             plan.backend, plan.dialect.backend_path, plan.body, plan.headers
@@ -280,6 +340,22 @@ async def relay(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired == DRAINED:
+            if client_response is None or not watchdog.streaming:
+                raise BackendFailure(f"Backend {plan.backend.name} is drained.") from None
+            if plan.relayed is not None:
+                raise StreamBroken(
+                    DRAINED, client_response, plan, "The backend was drained."
+                ) from None
+            record.outcome, record.error_code = Outcome.BACKEND_ERROR, BackendError.code
+            await end_with_error(
+                client_response, plan.error_event(BackendError("The backend was drained."))
+            )
+            return client_response
+        if watchdog.expired in STALL_KINDS and client_response is not None and plan.relayed:
+            raise StreamBroken(
+                STALLED, client_response, plan, "The backend's stream stalled."
+            ) from None
         error = timeout_error(watchdog.expired or "total", timeouts)
         if client_response is None or not watchdog.streaming:
             # Nothing of the backend's reached the client (keep-alive comments at most):
@@ -287,10 +363,11 @@ async def relay(
             raise error from None
         record.outcome = error.outcome
         record.error_code = error.code
-        await _end_with_error(client_response, plan.error_event(error))
+        await end_with_error(client_response, plan.error_event(error))
         return client_response
     finally:
         watchdog.stop()
+        streams.discard(watchdog)
         if backend_response is not None:
             # close() drops the connection unless the body was read to the end:
             # an abandoned generation stops on the backend at once.
@@ -374,10 +451,23 @@ async def _relay_stream(
         await client_response.prepare(request)
         record.status = 200
         chunk = first
+        relayed = plan.relayed
+        watcher.hold_errors = relayed is not None
         while True:
             out = watcher.feed(chunk)
             if record.first_token is None and watcher.first_token_seen:
                 record.first_token = clock()
+                if plan.stall is not None:
+                    watchdog.watch_stall(plan.stall, plan.backend.gaps.high)
+            if relayed is not None:  # what the client has, for a seam (no parsing here)
+                if out:
+                    relayed.keep(out)
+                if watcher.held_error:  # an error event mid-answer: resumed, not relayed
+                    if out:
+                        await client_response.write(out)
+                    raise StreamBroken(
+                        BROKEN, client_response, plan, "The backend sent an error mid-stream."
+                    )
             if content.at_eof():  # the backend's stream is over: `out` goes with its end
                 break
             if out:
@@ -387,11 +477,19 @@ async def _relay_stream(
                 # next read and write carry more (fewer syscalls per token at full speed).
                 await asyncio.sleep(0)
             chunk = await content.readany()
-            watchdog.last = loop.time()
+            now = loop.time()
+            if now - watchdog.last > watchdog.gap:
+                watchdog.gap = now - watchdog.last
+            watchdog.last = now
             if not chunk:
                 out = b""
                 break
         tail = watcher.flush()
+        if relayed is not None and not watcher.done:
+            # Cut short: only whole events reach the client before a seam.
+            if out:  # (kept already, in the loop)
+                await client_response.write(out)
+            raise StreamBroken(BROKEN, client_response, plan, "The backend's stream ended early.")
         if tail:
             # An unterminated last event: end it, so a following error event stays apart.
             out += tail if watcher.done else tail + b"\n\n"
@@ -410,6 +508,10 @@ async def _relay_stream(
     except aiohttp.ClientError as exc:
         if not watchdog.streaming:  # before the first byte: safe to retry elsewhere
             raise _unreachable(plan.backend, exc) from None
+        if plan.relayed is not None:
+            raise StreamBroken(
+                BROKEN, client_response, plan, f"The backend's stream broke off ({exc!r:.80})."
+            ) from None
         return await _fail_stream(client_response, plan, record, watcher, "broke off mid-stream")
     record.completion_tokens = watcher.completion_tokens
     record.backend_prompt_tokens = watcher.prompt_tokens
@@ -423,6 +525,8 @@ async def _relay_stream(
         record.error_code = STREAM_ERROR_CODE
     else:
         record.outcome = Outcome.OK
+        if plan.stall is not None and record.first_token is not None:
+            plan.backend.gaps.add(watchdog.gap)  # how long this backend may be silent
     return client_response  # its end went out with its last events
 
 
@@ -434,17 +538,23 @@ async def _fail_stream(
     what: str,
 ) -> web.StreamResponse:
     record.completion_tokens = watcher.completion_tokens
+    record.resume_failed = plan.resume_blocked
     error = BackendError(f"The backend's stream {what}.")
     record.outcome = error.outcome
     record.error_code = error.code
-    await _end_with_error(client_response, plan.error_event(error))
+    await end_with_error(client_response, plan.error_event(error))
     return client_response
 
 
-async def _end_with_error(client_response: web.StreamResponse, event: bytes) -> None:
+async def end_with_error(client_response: web.StreamResponse, event: bytes) -> None:
     """A stream already answered 200: the failure goes in a final SSE error event."""
+    await end_stream(client_response, event)
+
+
+async def end_stream(client_response: web.StreamResponse, last: bytes) -> None:
+    """The last events of a stream already answered 200, and its end."""
     try:
-        await client_response.write(event)
+        await client_response.write(last)
         await client_response.write_eof()
     except (ConnectionError, RuntimeError):
         pass  # the client is gone too

@@ -201,6 +201,8 @@ class BackendSizer:
         if facts.slots and not backend.concurrency_configured:
             backend.max_concurrency = facts.slots
         backend.engine_context_tokens = facts.context_tokens
+        if not backend.engine_configured:
+            backend.engine = facts.engine
         if facts.engine == "llama.cpp" and facts.slots and facts.context_tokens:
             # Its slots' contexts hold its prompts: remember no more prefixes than that.
             # (Recent builds also keep evicted prompts in host memory, `--cache-ram`, whose
@@ -444,6 +446,7 @@ class BackendSizer:
                     if backend.concurrency_configured
                     else ("engine" if facts and facts.slots else "default"),
                     "in_flight": backend.in_flight,
+                    "draining": backend.draining,
                     "prefilling_s": round(backend.prefilling_s, 3),
                     "engine": None if facts is None else facts.engine,
                     "context_tokens": None if facts is None else facts.context_tokens,

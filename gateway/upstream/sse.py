@@ -50,7 +50,7 @@ def _json(payload: bytes) -> Any:
         return None
 
 
-def _complete_length(data: bytes) -> int:
+def complete_length(data: bytes) -> int:
     """Length of the prefix of `data` made of complete events (0 when there is none)."""
     if data.endswith(EVENT_ENDINGS):
         return len(data)
@@ -63,7 +63,7 @@ def _complete_length(data: bytes) -> int:
     return end
 
 
-def _split_events(data: bytes) -> list[bytes]:
+def split_events(data: bytes) -> list[bytes]:
     """The events of `data`, which holds complete events only, each with its terminator."""
     events = []
     start = 0
@@ -124,11 +124,15 @@ class StreamWatcher:
         "timings",
         "done",
         "backend_error",
+        "hold_errors",
         "_rest",
     )
 
     def __init__(self, *, strip_usage: bool = False) -> None:
         self.strip_usage = strip_usage
+        #: An error event after the first token is held back, with all that follows it,
+        #: so the answer can be resumed elsewhere (`resume.py`); the relay decides.
+        self.hold_errors = False
         self.first_token_seen = False
         self.completion_tokens: int | None = None
         #: The backend's own count of the prompt (usage.prompt_tokens), when it says.
@@ -144,6 +148,11 @@ class StreamWatcher:
         self.backend_error = False
         self._rest = b""
 
+    @property
+    def held_error(self) -> bool:
+        """The backend sent an error event mid-answer and it was held back (`hold_errors`)."""
+        return self.backend_error and self.hold_errors and self.first_token_seen
+
     def _read_from(self, chunk: bytes) -> int:
         """Offset of the first event of `chunk` (whole events) that must be read."""
         raise NotImplementedError
@@ -157,7 +166,7 @@ class StreamWatcher:
             chunk = self._rest + chunk
             self._rest = b""
         if not chunk.endswith(b"\n\n"):  # (whole events, the common case, skip all this)
-            complete = _complete_length(chunk)
+            complete = complete_length(chunk)
             if len(chunk) - complete > MAX_PENDING_BYTES:
                 return chunk
             if complete < len(chunk):
@@ -185,7 +194,7 @@ class StreamWatcher:
         start = self._read_from(chunk)
         if start >= len(chunk):
             return chunk
-        events = _split_events(chunk[start:] if start else chunk)
+        events = split_events(chunk[start:] if start else chunk)
         kept = [event for event in events if self._inspect(event)]
         if len(kept) == len(events):
             return chunk
@@ -214,12 +223,14 @@ class OpenAIStreamWatcher(StreamWatcher):
         # [DONE] is a stream's last event: looked for at the end of the chunk only.
         last = boring[-DONE_WINDOW:]
         if not self.done and DONE_PAYLOAD in last:
-            self.done = any(event_data(e) == DONE_PAYLOAD for e in _split_events(last))
+            self.done = any(event_data(e) == DONE_PAYLOAD for e in split_events(last))
         # The events before the one holding the marker are token events: not read.
-        return len(chunk) if marker < 0 else _complete_length(boring)
+        return len(chunk) if marker < 0 else complete_length(boring)
 
     def _inspect(self, event: bytes) -> bool:
         """Note what the event tells; False when it must not reach the client."""
+        if self.backend_error and self.hold_errors and self.first_token_seen:
+            return False  # what follows a held error event is held too
         payload = event_data(event)
         if payload is None:
             return True
@@ -236,6 +247,8 @@ class OpenAIStreamWatcher(StreamWatcher):
             self.first_token_seen = True
         if "error" in chunk:
             self.backend_error = True
+            if self.hold_errors and self.first_token_seen:
+                return False
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             timings = chunk.get("timings")
@@ -296,7 +309,7 @@ class TgiStreamWatcher(StreamWatcher):
             return True
         if "error" in chunk:  # TGI ends a failed stream with its error event
             self.backend_error = self.done = True
-            return True
+            return not (self.hold_errors and self.first_token_seen)
         token = chunk.get("token")
         if isinstance(token, dict):
             self.completion_tokens = (self.completion_tokens or 0) + 1

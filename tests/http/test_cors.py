@@ -3,6 +3,7 @@ the labels on answers (streams and errors included), and nothing at all when off
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import aiohttp
@@ -117,6 +118,7 @@ async def test_every_route_answers_a_preflight(
     }
     assert ("/v1/chat/completions", "POST") in routes and ("/generate_stream", "POST") in routes
     for path, method in sorted(routes):
+        path = re.sub(r"\{[^}]+\}", "b0", path)  # a dynamic route's segment, filled in
         status, headers, _ = await preflight(http, gateway.url + path, method=method)
         assert status == 204, path
         assert headers["Access-Control-Allow-Origin"] == APP, path

@@ -50,6 +50,7 @@ from gateway.tools.analyze.fields import (
     was_served,
 )
 from gateway.tools.analyze.models import model_analysis
+from gateway.tools.analyze.resumes import resume_analysis
 from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S, retry_analysis
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S, tenant_analysis
 from gateway.tools.stats import percentile, summarize
@@ -388,6 +389,9 @@ def analyze(
         analysis["predictor"] = predictor
     if slots is not None:  # likewise a log from before the engine split
         analysis["backends"] = slots
+    resumes = resume_analysis(records)
+    if resumes["tagged"]:  # and one from before answers were resumed
+        analysis["resumes"] = resumes
     models = model_analysis(records, lambda rows: _lane(rows, tail_fraction, slots, split))
     if models is not None:  # a one-model log keeps its shape
         analysis["models"] = models

@@ -259,6 +259,9 @@ def format_report(analysis: dict[str, Any]) -> str:
         out += ["", *tenant_lines(tenants)]
     if retries:
         out += ["", *retry_lines(retries)]
+    resumes = analysis.get("resumes")
+    if resumes:
+        out += ["", *resume_lines(resumes)]
     slots = f" Engine slots: {SLOT_RULE}." if analysis.get("engine_split") else ""
     out += ["", "HOW TO READ"]
     out += textwrap.wrap(
@@ -563,4 +566,30 @@ def retry_lines(retries: dict[str, Any]) -> list[str]:
         initial_indent="  ",
         subsequent_indent="  ",
     )
+    return out
+
+
+def resume_lines(resumes: dict[str, Any]) -> list[str]:
+    """The RESUMES section of the text report."""
+    if not resumes["tagged"]:
+        return ["RESUMES: this log has no resumes field (a gateway from before resumes)"]
+    if not resumes["resumed"] and not resumes["not_resumed"]:
+        return [f"RESUMES: no stream of {resumes['requests']} requests broke mid-answer"]
+    reasons = ", ".join(f"{why} {n}" for why, n in resumes["reasons"].items()) or "none"
+    out = [
+        f"RESUMES: {resumes['resumed']} answers carried over mid-stream "
+        f"({resumes['carry_overs']} carry-overs; {resumes['resumed_ok']} ended ok); "
+        f"why: {reasons}"
+    ]
+    if resumes["broke_streams"]:
+        named = ", ".join(f"{b} {n}" for b, n in resumes["broke_streams"].items())
+        out.append(f"  backends that broke or stalled streams: {named}")
+    if resumes["drained_from"]:
+        named = ", ".join(f"{b} {n}" for b, n in resumes["drained_from"].items())
+        out.append(f"  drained from: {named}")
+    if resumes["not_resumed"]:
+        why = ", ".join(f"{w} {n}" for w, n in resumes["not_resumed_why"].items())
+        out.append(
+            f"  not carried over (ended with an error event): {resumes['not_resumed']} ({why})"
+        )
     return out

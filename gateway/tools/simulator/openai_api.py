@@ -65,6 +65,9 @@ class _Params:
     prompt_tokens: int
     blocks: PromptBlocks
     adapter: str | None = None
+    #: What it was asked to continue, and how (`RequestInfo.continued`).
+    continued: str | None = None
+    continue_form: str | None = None
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -168,6 +171,7 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     info.max_tokens = params.max_tokens
     info.include_usage = params.include_usage
     info.prompt_tokens = params.prompt_tokens
+    info.continued, info.continue_form = params.continued, params.continue_form
 
     response: web.StreamResponse
     try:
@@ -252,10 +256,13 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
         if "messages" not in body:
             raise invalid_request("'messages' is required", "messages")
         parts = chat_prompt_parts(body["messages"], body.get("tools"))
+        continued, continue_form = _continuation(body)
     else:
         if "prompt" not in body:
             raise invalid_request("'prompt' is required", "prompt")
         parts = completion_prompt_parts(body["prompt"])
+        continued = body["prompt"] if isinstance(body["prompt"], str) else None
+        continue_form = None
     # The ids a backend with its own tokenizer would see (token_ratio), not tiktoken's, and
     # their blocks for the prefix cache.
     blocks = await state.counter.encode_async(parts, state.config.backend_prompt)
@@ -271,7 +278,43 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
             "in the completion). Please reduce the length of the prompt or completion.",
             param="max_tokens",
         )
-    return _Params(model, stream, include_usage, max_tokens, prompt_tokens, blocks, adapter)
+    return _Params(
+        model, stream, include_usage, max_tokens, prompt_tokens, blocks, adapter,
+        continued, continue_form,
+    )  # fmt: skip
+
+
+def _continuation(body: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The assistant text a chat asks to be continued, and the form it asked in.
+
+    vLLM's and SGLang's form: `continue_final_message: true` with
+    `add_generation_prompt: false` (vLLM refuses the two together, and the first without
+    a last assistant message). llama.cpp's: a last assistant message, continued by
+    default. Either way the answer goes on from that text (the simulator's words are
+    random; a test compares what it was given with what the client had).
+    """
+    flag = body.get("continue_final_message", False)
+    if not isinstance(flag, bool):
+        raise invalid_request(
+            "'continue_final_message' must be a boolean", "continue_final_message"
+        )
+    generation_prompt = body.get("add_generation_prompt", True)
+    messages = body["messages"]
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    is_assistant = isinstance(last, dict) and last.get("role") == "assistant"
+    if flag and generation_prompt:
+        raise invalid_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    if flag and not is_assistant:
+        raise invalid_request(
+            "continue_final_message requires the last message to be from the assistant."
+        )
+    if not is_assistant:
+        return None, None
+    content = last.get("content") if isinstance(last, dict) else None
+    text = content if isinstance(content, str) else None
+    return text, "continue_final_message" if flag else "last_assistant"
 
 
 _STOPPING = SimulatorError(503, "engine_stopped", "the simulator is stopping")

@@ -38,6 +38,13 @@ class RequestInfo:
     prompt_tokens: int | None = None
     status: int | None = None
     error_code: str | None = None
+    #: The text it was asked to continue (a gateway resuming an answer elsewhere): the
+    #: last assistant message of a chat continued, or the prompt of a completion or TGI
+    #: request (whole; a witness of what came before the seam); None for a new chat turn.
+    continued: str | None = None
+    #: How a chat asked for that: "continue_final_message" (vLLM, SGLang) or
+    #: "last_assistant" (llama.cpp continues a last assistant message by default).
+    continue_form: str | None = None
     seq: Sequence | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -60,6 +67,10 @@ class RequestInfo:
             "outcome": outcome,
             "status": self.status,
             "error_code": self.error_code,
+            "continued": self.continued,
+            "continue_form": self.continue_form,
+            # What it generated, so a test can check what a client got across a seam.
+            "reply": "".join(seq.reply) if seq is not None else None,
             "arrival": self.arrival,
             "admitted": admitted,
             "first_token": first_token,

@@ -160,6 +160,7 @@ async def _handle(request: web.Request, route: Route) -> web.StreamResponse:
         return response
     info.max_tokens = params.max_new_tokens
     info.prompt_tokens = params.prompt_tokens
+    info.continued = inputs
 
     try:
         seq = engine.submit(params.prompt_tokens, params.max_new_tokens, params.blocks)
