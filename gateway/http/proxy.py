@@ -10,7 +10,6 @@ slots) and upstream (retry, health).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 from collections.abc import Awaitable, Callable
 
@@ -63,12 +62,6 @@ def route_handler(dialect: Dialect) -> Handler:
     return handle
 
 
-#: New request ids: a random per-process prefix and a counter, 32 hex digits like a
-#: uuid4's; unique across replicas and restarts without a getrandom() call per request.
-_ID_PREFIX = os.urandom(8).hex()
-_id_counter = itertools.count()
-
-
 def client_request_id(request: web.Request) -> str | None:
     """The client's own x-request-id when it sent a sane one."""
     given = request.headers.get("x-request-id")
@@ -78,8 +71,14 @@ def client_request_id(request: web.Request) -> str | None:
 
 
 def request_id_of(request: web.Request) -> str:
-    """The client's x-request-id when it is sane, else a new one."""
-    return client_request_id(request) or f"{_ID_PREFIX}{next(_id_counter):016x}"
+    """The client's x-request-id when it is sane, else a new one: 128 random bits as 32
+    hex digits (the length the counter ids had).
+
+    From the kernel's generator, not a counter: a client that sees one id cannot guess
+    the next one (ids reach the backend, logs and traces, and a retry is matched by
+    the client's id). It costs about 0.45 µs a request (a counter cost 0.2 µs).
+    """
+    return client_request_id(request) or os.urandom(16).hex()
 
 
 async def read_json_object(
