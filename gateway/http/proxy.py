@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -23,7 +24,7 @@ from gateway.admission.retries import Fingerprint, Retry, Seen, fingerprint, ret
 from gateway.dialects.base import Dialect
 from gateway.fleet.leases import SlotLeases, leased
 from gateway.fleet.quotas import QuotaReservation
-from gateway.http.errors import error_response, refusal_body, status_of
+from gateway.http.errors import error_response, in_band_error, refusal_body, status_of
 from gateway.http.keepalive import WAITING, EarlyStream
 from gateway.observability.record import RequestRecord, clock
 from gateway.observability.trace_context import TraceContext
@@ -302,8 +303,15 @@ async def settled(
     early: EarlyStream, answer: web.StreamResponse, record: RequestRecord, dialect: Dialect
 ) -> web.StreamResponse:
     """The answer, or, when keep-alive comments had started the stream, the answer's
-    error as the stream's last event (what the client then got is a 200)."""
-    response = await early.settle(answer, dialect.error_event)
+    error as the stream's last event (what the client then got is a 200), with the
+    retry hint and queue time its headers could no longer carry."""
+
+    def in_band(error: dict[str, Any]) -> bytes:
+        return dialect.error_event(
+            in_band_error(error, retry_after_s=record.retry_after_s, queue_ms=record.queue_ms)
+        )
+
+    response = await early.settle(answer, in_band)
     if response is not answer:
         record.status = 200
     return response
@@ -431,6 +439,7 @@ async def proxy(request: web.Request, state: GatewayState, dialect: Dialect) -> 
         record.routed_by = held.slot.reason
         if early is not None:
             early.phase = WAITING
+            early.queue_ms = record.queue_ms
         if not shape.stream:
             prefill_timer = end_prefill_when_predicted(scheduler, held)
         headers.update(queue_headers(record.queue_ms))
