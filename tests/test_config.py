@@ -958,3 +958,19 @@ def test_version_on_the_command_and_every_subcommand(command: list[str]) -> None
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"llm-tail-gateway {version('llm-tail-gateway')}\n"
+
+
+def test_the_rules_across_keys_are_all_reported_too(tmp_path: Path) -> None:
+    text = (
+        '[[backends]]\nurl = "http://a:1"\nname = "a"\n'
+        '[[backends]]\nurl = "http://b:1"\nname = "a"\n'
+        '[[lanes]]\nname = "x"\n[[lanes]]\nname = "x"\n'
+        '[[api_keys]]\nkey = "long-enough-key"\nlanes = ["nope"]\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    assert info.value.problems == (
+        "[[backends]] #2.name: duplicate backend name 'a'",
+        "[[lanes]] #2.name: duplicate lane name 'x'",
+        "[[api_keys]] #1.lanes: no lane named nope",
+    )
