@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 ARGS ?=
 
 # Install steps write their output (venv, pip) to $(INSTALL_LOG) and print only the
-# failing step's part of it, then fail: `make run` says nothing before the gateway does.
+# failing step's part of it, then fail. The first run says so in one line (it takes about
+# two minutes, and a silent terminal looks hung); after that `make run` says nothing
+# before the gateway does.
 INSTALL_LOG := $(VENV)/install.log
 LOGGED = sh -c 'touch "$$0"; size=$$(wc -c < "$$0"); echo "+ $$*" >> "$$0"; "$$@" >> "$$0" 2>&1 && exit 0; \
 	status=$$?; tail -c +$$((size + 1)) "$$0" >&2; \
@@ -15,12 +17,17 @@ LOGGED = sh -c 'touch "$$0"; size=$$(wc -c < "$$0"); echo "+ $$*" >> "$$0"; "$$@
 
 .PHONY: run test test-fast lint simulate check-config bench bench-trace bench-prefill-heavy bench-two-speed bench-real bench-overhead bench-loop-lag bench-shadow clean
 
+# Decided when make starts, before any rule runs: is there a venv yet?
+FRESH_VENV := $(if $(wildcard $(PY)),,yes)
+
 $(PY):
+	@echo "make: first run: installing into $(VENV) (about two minutes, once; log: $(INSTALL_LOG))"
 	@mkdir -p $(VENV)
 	@$(LOGGED) $(PYTHON) -m venv $(VENV)
 	@$(LOGGED) $(PY) -m pip install --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml
+	$(if $(FRESH_VENV),,@echo "make: reinstalling the project into $(VENV) (pyproject.toml is newer; log: $(INSTALL_LOG))")
 	@$(LOGGED) $(PY) -m pip install -e '.[test,dev]'
 	@touch $(STAMP)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.metadata
 import os
 import signal
 import socket
@@ -40,6 +41,8 @@ SIMULATOR_START_TIMEOUT_S = 20.0
 #: and a 27 ms full pass); at 10,000 the same run had one. Cycles are still collected:
 #: 10,000 young objects are about a megabyte.
 GC_YOUNG_THRESHOLD = 10_000
+#: The distribution name in pyproject.toml, whose metadata holds the version.
+PACKAGE = "llm-tail-gateway"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway and the ideal scheduler against the engine floor",
     )
     matrix.add_arguments(matrixed)
+    # On the command and every subcommand, so whatever a user typed, `--version` after it
+    # answers (a bug report names the version it ran).
+    for command in (parser, *commands.choices.values()):
+        command.add_argument("--version", action="version", version=f"{PACKAGE} {version()}")
     return parser
+
+
+def version() -> str:
+    """The installed package's version: the one place it is written is pyproject.toml."""
+    try:
+        return importlib.metadata.version(PACKAGE)
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that was never installed
+        return "unknown (not installed)"
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
         )
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"config error: {problem}", file=sys.stderr)
         return 2
     if args.command == "check-config":
         from gateway.checks.probe import probe_backends

@@ -192,7 +192,8 @@ def test_the_error_example_and_stream_events_are_the_codes_own(default_page: str
     assert "32768" in body["message"]
     stream = section(default_page, "## Streaming")
     assert 'data: {"error":{"message":"…","type":"service_unavailable"' in stream
-    assert 'data: {"error":"…","error_type":"queue_timeout"}' in stream
+    assert 'data: {"error":"…","error_type":"queue_timeout","retry_after":5,' in stream
+    assert '"code":"queue_timeout","retry_after":5,"queue_ms":' in stream
     assert f"`{REFUSAL_HEADER}`" in section(default_page, "## Headers")
 
 

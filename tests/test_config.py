@@ -849,3 +849,129 @@ def test_the_documented_example_config_checks_clean() -> None:
     result = run_check_config("--config", str(REPO_ROOT / "config" / "gateway.toml"))
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["backends"][0]["name"] == "local"
+
+
+# --- several mistakes at once, and "did you mean" -------------------------------------------------
+
+SEVERAL_MISTAKES = """\
+[limits]
+max_promt_tokens = 100
+max_output_tokens = "lots"
+[server]
+prot = 3
+[[backends]]
+url = "http://a:1"
+max_concurency = 3
+[[lanes]]
+name = "short"
+max_slots = -1
+[lmits]
+a = 1
+"""
+
+
+def test_a_config_with_several_mistakes_reports_each_on_its_own_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, SEVERAL_MISTAKES), env={})
+    assert info.value.problems == (
+        "[limits]: unknown key 'max_promt_tokens'; did you mean 'max_prompt_tokens'?",
+        "[limits].max_output_tokens: expected an integer, got 'lots'",
+        "[server]: unknown key 'prot'; did you mean 'port'?",
+        "[[backends]] #1: unknown key 'max_concurency'; did you mean 'max_concurrency'?",
+        "[[lanes]] short.max_slots: must be > 0, got -1",
+        "unknown section [lmits]; did you mean 'limits'?",
+    )
+    assert str(info.value) == "\n".join(info.value.problems)
+
+
+def test_an_unknown_key_far_from_any_known_one_gets_no_guess(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, "[server]\nzzz = 1\n"), env={})
+    assert str(info.value) == "[server]: unknown key 'zzz'"
+
+
+def test_a_bad_required_value_ends_the_list_without_inventing_a_missing_key(
+    tmp_path: Path,
+) -> None:
+    # A target's `model` is required: taking it out would invent "missing model".
+    text = (
+        '[server]\nprot = 3\n[[models]]\nname = "m"\ntargets = [{ model = 5 }]\n'
+        '[limits]\nmax_output_tokens = "x"\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    assert len(info.value.problems) == 2, info.value.problems
+    assert info.value.problems[0].startswith("[server]: unknown key 'prot'")
+    assert info.value.problems[1].startswith("[[models]] m.targets[0].model: expected a string")
+    assert not any("missing" in p for p in info.value.problems)
+
+
+def test_check_config_prints_every_mistake_and_start_up_refuses_them(tmp_path: Path) -> None:
+    path = str(write_toml(tmp_path, SEVERAL_MISTAKES))
+    result = run_check_config("--config", path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 6, result.stderr
+    assert all(line.startswith("config error: ") for line in lines)
+    assert "did you mean 'max_prompt_tokens'?" in lines[0]
+    assert result.stdout == ""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+    served = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", path, "--port", "1"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert served.returncode == 2
+    assert served.stderr.strip().splitlines() == lines
+
+
+# --- --version ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["serve"],
+        ["simulate"],
+        ["check-config"],
+        ["api-doc"],
+        ["loadgen"],
+        ["analyze"],
+        ["replay"],
+        ["matrix"],
+    ],
+)
+def test_version_on_the_command_and_every_subcommand(command: list[str]) -> None:
+    from importlib.metadata import version
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", *command, "--version"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"llm-tail-gateway {version('llm-tail-gateway')}\n"
+
+
+def test_the_rules_across_keys_are_all_reported_too(tmp_path: Path) -> None:
+    text = (
+        '[[backends]]\nurl = "http://a:1"\nname = "a"\n'
+        '[[backends]]\nurl = "http://b:1"\nname = "a"\n'
+        '[[lanes]]\nname = "x"\n[[lanes]]\nname = "x"\n'
+        '[[api_keys]]\nkey = "long-enough-key"\nlanes = ["nope"]\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(write_toml(tmp_path, text), env={})
+    assert info.value.problems == (
+        "[[backends]] #2.name: duplicate backend name 'a'",
+        "[[lanes]] #2.name: duplicate lane name 'x'",
+        "[[api_keys]] #1.lanes: no lane named nope",
+    )

@@ -10,8 +10,8 @@ from gateway.admission.deadline import DEADLINE_HEADER
 from gateway.apidoc.markdown import code, fenced, seconds, table
 from gateway.config import Settings
 from gateway.dialects import ChatDialect, TgiDialect
-from gateway.http.errors import error_body
-from gateway.http.keepalive import QUEUED, WAITING
+from gateway.http.errors import error_body, in_band_error
+from gateway.http.keepalive import QUEUED, WAITING, queue_time_comment
 from gateway.scheduling.fitting import DEADLINE_OVER_FLOOR
 from gateway.scheduling.scheduler import REFUSE_AT_DEADLINE_SHARE, SHED_LOWER_AT
 from gateway.upstream.relay import STREAM_HEADERS
@@ -110,15 +110,19 @@ def streaming_section(settings: Settings) -> list[str]:
             "and load balancers that cut a silent connection (often after 60 s) then leave "
             "it alone. Lines that start with `:` are comments, not events: the `openai` "
             "SDKs, `huggingface_hub` and browsers' `EventSource` skip them; a parser of "
-            "your own must skip them too. Requests served sooner (nearly all) get no "
-            "comment and no early headers. Non-streamed requests never do.",
+            "your own must skip them too. Its headers went before its wait was over, so "
+            "instead of `x-gateway-queue-ms` such a stream says its queue time in one more "
+            f"comment, just before the backend's first byte: `{_comment(queue_time_comment(2016.4))}`. "
+            "Requests served sooner (nearly all) get no comment and no early headers. "
+            "Non-streamed requests never do.",
             "",
             "**A refusal after a keepalive.** Before the first keepalive, a refusal keeps "
             "its HTTP status (429/503 with `Retry-After`). After it the status is already "
             "200, so the refusal (or a later backend failure) is the stream's last event, "
-            "an error, and the stream ends without `[DONE]`. The error event has no "
-            "`Retry-After`: back off as for the same code's HTTP answer. On the OpenAI "
-            "routes:",
+            "an error, and the stream ends without `[DONE]`. When it failed before the "
+            "backend's first byte, the error also carries what the headers no longer "
+            "could: `retry_after` (the whole seconds `Retry-After` would have said) and "
+            "`queue_ms` (the time it queued). On the OpenAI routes:",
         ]
     else:
         lines += [
@@ -131,6 +135,9 @@ def streaming_section(settings: Settings) -> list[str]:
             "`[DONE]`. On the OpenAI routes:",
         ]
     error = error_body("queue_timeout", "…")
+    if interval > 0:  # the lane's timeout as the queue time, a 5 s hint: an example
+        queued_ms = settings.lanes[0].queue_timeout_s * 1000
+        error = in_band_error(error, retry_after_s=5.0, queue_ms=queued_ms)
     openai_event = ChatDialect("/v1/chat/completions").error_event(error).decode()
     tgi_event = TgiDialect("/generate_stream", stream=True).error_event(error).decode()
     example = "HTTP/1.1 200 OK\n" + f"Content-Type: {STREAM_HEADERS['Content-Type']}\n\n"
@@ -141,8 +148,14 @@ def streaming_section(settings: Settings) -> list[str]:
         *fenced("text", example + openai_event),
         "",
         "The `openai` SDKs raise `APIError` for it (not `APIStatusError`: there is no "
-        "status); its `code` is the error's `code`. On the TGI routes the event is TGI's "
-        "own shape, which `huggingface_hub` raises as an error:",
+        "status); its `code` is the error's `code`"
+        + (
+            ', and its `body` the whole error object (`body["retry_after"]`)'
+            if interval > 0
+            else ""
+        )
+        + ". On the TGI routes the event is TGI's own shape, which `huggingface_hub` raises "
+        "as an error:",
         "",
         *fenced("text", tgi_event),
     ]

@@ -16,7 +16,9 @@ from gateway.config.settings import Settings
 
 
 def checked(settings: Settings) -> Settings:
-    """Names filled in, then the checks no single field's type can express."""
+    """Names filled in, then the checks no single field's type can express: every broken
+    rule is said (one ConfigError, a line each), not only the first."""
+    problems: list[str] = []
     s = replace(
         settings,
         backends=[
@@ -29,66 +31,73 @@ def checked(settings: Settings) -> Settings:
         ],
     )
     if s.limits.default_max_tokens > s.limits.max_output_tokens:
-        raise ConfigError("[limits].default_max_tokens: must not exceed max_output_tokens")
+        problems.append("[limits].default_max_tokens: must not exceed max_output_tokens")
     seen_backends: set[str] = set()
     for index, backend in enumerate(s.backends):
         where = f"[[backends]] #{index + 1}"
         if backend.name in seen_backends:
-            raise ConfigError(f"{where}.name: duplicate backend name {backend.name!r}")
+            problems.append(f"{where}.name: duplicate backend name {backend.name!r}")
         seen_backends.add(backend.name)
     seen_lanes: set[str] = set()
     for index, lane in enumerate(s.lanes):
         if lane.name in seen_lanes:
-            raise ConfigError(f"[[lanes]] #{index + 1}.name: duplicate lane name {lane.name!r}")
+            problems.append(f"[[lanes]] #{index + 1}.name: duplicate lane name {lane.name!r}")
         seen_lanes.add(lane.name)
         unknown = sorted(set(lane.backends or ()) - seen_backends)
         if unknown and s.backends:
-            raise ConfigError(
+            problems.append(
                 f"[[lanes]] {lane.name}.backends: no backend named {', '.join(unknown)} "
                 f"(backends: {', '.join(sorted(seen_backends))})"
             )
-    _check_models(s)
+    _check_models(s, problems)
     seen_keys: set[str] = set()
     for index, api_key in enumerate(s.api_keys):
         where = f"[[api_keys]] #{index + 1}"
         if api_key.key in seen_keys:
-            raise ConfigError(f"{where}.key: the same key twice")
+            problems.append(f"{where}.key: the same key twice")
         seen_keys.add(api_key.key)
         unknown_lanes = sorted(set(api_key.lanes or ()) - seen_lanes)
         if unknown_lanes:
-            raise ConfigError(f"{where}.lanes: no lane named {', '.join(unknown_lanes)}")
+            problems.append(f"{where}.lanes: no lane named {', '.join(unknown_lanes)}")
+    if problems:
+        raise ConfigError(*problems)
     return s
 
 
-def _check_models(s: Settings) -> None:
+def _check_models(s: Settings, problems: list[str]) -> None:
     """[[models]]: unique names, one way to name targets, at most one default, and every
     target served by some backend when the backends say what they serve."""
     served = _named_models(s)
     catch_all = _has_catch_all(s)
+    before = len(problems)
     seen: set[str] = set()
     defaults = []
     for index, model in enumerate(s.models):
         where = f"[[models]] #{index + 1}"
         if not model.name:
-            raise ConfigError(f"{where}.name: must be a non-empty name")
+            problems.append(f"{where}.name: must be a non-empty name")
+            continue
         if model.name in seen:
-            raise ConfigError(f"{where}.name: duplicate model name {model.name!r}")
+            problems.append(f"{where}.name: duplicate model name {model.name!r}")
         seen.add(model.name)
         if model.target is not None and model.targets is not None:
-            raise ConfigError(f"{where}: give target or targets, not both")
+            problems.append(f"{where}: give target or targets, not both")
+            continue
         if model.targets is not None and not model.targets:
-            raise ConfigError(f"{where}.targets: must list at least one target")
+            problems.append(f"{where}.targets: must list at least one target")
+            continue
         if model.default:
             defaults.append(model.name)
         unserved = sorted({t for t, _ in model.weighted_targets()} - served)
         if unserved and not catch_all:
-            raise ConfigError(
+            problems.append(
                 f"{where} {model.name}: no backend serves {', '.join(unserved)} "
                 f"(served: {', '.join(sorted(served))})"
             )
     if len(defaults) > 1:
-        raise ConfigError(f"[[models]]: more than one default ({', '.join(defaults)})")
-    _check_model_limits(s)
+        problems.append(f"[[models]]: more than one default ({', '.join(defaults)})")
+    if len(problems) == before:  # each model's caps follow its targets: only when sound
+        _check_model_limits(s, problems)
 
 
 def _named_models(s: Settings) -> set[str]:
@@ -101,12 +110,12 @@ def _has_catch_all(s: Settings) -> bool:
     return any(not b.models for b in s.backends) or not s.backends
 
 
-def _check_model_limits(s: Settings) -> None:
+def _check_model_limits(s: Settings, problems: list[str]) -> None:
     """Each model's caps in force obey the rule `[limits]` does, naming the entry."""
     for (name, target), limits in model_limits(s.models, s.limits).items():
         if limits.default_max_tokens > limits.max_output_tokens:
             via = "" if target == name else f", with {target}'s limits"
-            raise ConfigError(
+            problems.append(
                 f"[[models]] {name}.limits.default_max_tokens: must not exceed "
                 f"max_output_tokens ({limits.default_max_tokens} > {limits.max_output_tokens}{via})"
             )

@@ -14,7 +14,15 @@ from msgspec import Meta
 
 
 class ConfigError(ValueError):
-    """An invalid setting; the message names the key and what is wrong."""
+    """Invalid settings: one line per problem, each naming the key and what is wrong.
+
+    `problems` holds the lines (a config with three typos says all three at once, so a
+    newcomer does not fix them one start-up at a time); the message is them joined.
+    """
+
+    def __init__(self, *problems: str) -> None:
+        self.problems: tuple[str, ...] = problems
+        super().__init__("\n".join(problems))
 
 
 def rule(must: str, **constraint: Any) -> Meta:

@@ -7,6 +7,8 @@ The key comes from the error's path; what was expected from the field's declared
 
 from __future__ import annotations
 
+import copy
+import difflib
 import functools
 import re
 from typing import Any
@@ -25,13 +27,66 @@ _WRONG_TYPE = re.compile(r"^Expected `[^`]+`, got `[^`]+`$")
 _SECRETS = {("api_keys", "key"), ("backends", "api_key"), ("shadow", "api_key"), ("redis", "url")}
 
 
+#: Problems reported from one config at most: enough for any file typed by hand.
+MAX_PROBLEMS = 20
+
+
 def convert(data: dict[str, Any], origins: Origins) -> Settings:
     """msgspec's strict conversion: a bool is no integer, a string no number (an integer
-    is a float, though: `total_s = 120` is 120.0)."""
-    try:
-        return msgspec.convert(data, Settings)
-    except msgspec.ValidationError as exc:
-        raise ConfigError(_message(str(exc), data, origins)) from None
+    is a float, though: `total_s = 120` is 120.0).
+
+    msgspec stops at the first bad value; to say every one, each is taken out of a copy
+    of the data (an unknown key, or a bad value whose key has a default) and the copy
+    converted again. A bad value that cannot be taken out without inventing an error
+    (a required key, an item of an array) ends the list there.
+    """
+    problems: list[str] = []
+    work = data
+    while True:
+        try:
+            settings = msgspec.convert(work, Settings)
+        except msgspec.ValidationError as exc:
+            problems.append(_message(str(exc), work, origins))
+            if work is data:
+                work = copy.deepcopy(data)
+            if len(problems) >= MAX_PROBLEMS or not _take_out(str(exc), work):
+                raise ConfigError(*problems) from None
+            continue
+        if problems:
+            raise ConfigError(*problems)
+        return settings
+
+
+def _take_out(error: str, data: Any) -> bool:
+    """Remove what `error` is about from `data`, if that leaves a valid neighbourhood."""
+    match = _ERROR.match(error)
+    if match is None or not match["path"]:
+        return False
+    path = _parse_path(match["path"])
+    unknown = _UNKNOWN_FIELD.match(match["what"])
+    if unknown:
+        return _delete(data, [*path, unknown["key"]])
+    path = _field_path(path)
+    if not path or not isinstance(path[-1], str):
+        return False
+    parent = unwrap(type_at(path[:-1]))
+    if isinstance(parent, mi.StructType):
+        field = next((f for f in parent.fields if f.name == path[-1]), None)
+        if field is None or field.required:
+            return False
+    return _delete(data, path)
+
+
+def _delete(data: Any, path: list[str | int]) -> bool:
+    parent = _value_at(data, path[:-1])
+    if isinstance(parent, dict) and path[-1] in parent:
+        del parent[path[-1]]
+        return True
+    return False
+
+
+def _parse_path(text: str) -> list[str | int]:
+    return [name if name else int(index) for name, index in _PATH_PART.findall(text)]
 
 
 def _message(error: str, data: Any, origins: Origins) -> str:
@@ -42,14 +97,13 @@ def _message(error: str, data: Any, origins: Origins) -> str:
     """
     match = _ERROR.match(error)
     what, path_text = (match["what"], match["path"] or "") if match else (error, "")
-    path: list[str | int] = [
-        name if name else int(index) for name, index in _PATH_PART.findall(path_text)
-    ]
+    path = _parse_path(path_text)
     unknown = _UNKNOWN_FIELD.match(what)
     if unknown:
+        hint = _did_you_mean(unknown["key"], path)
         if not path:
-            return f"unknown section [{unknown['key']}]"
-        return f"{key_name(path, data)}: unknown key {unknown['key']!r}"
+            return f"unknown section [{unknown['key']}]{hint}"
+        return f"{key_name(path, data)}: unknown key {unknown['key']!r}{hint}"
     if not path:
         return f"the settings: {what}"
     path = _field_path(path)
@@ -64,6 +118,15 @@ def _message(error: str, data: Any, origins: Origins) -> str:
     if path and (path[0], path[-1]) in _SECRETS:
         return f"{where}: {problem}"
     return f"{where}: {problem}, got {_shown(_value_at(data, path))}"
+
+
+def _did_you_mean(key: str, path: list[str | int]) -> str:
+    """`; did you mean 'max_prompt_tokens'?` when a known key is one typo away."""
+    table = unwrap(type_at(path))
+    if not isinstance(table, mi.StructType):
+        return ""
+    close = difflib.get_close_matches(key, [f.name for f in table.fields], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def key_name(path: list[str | int], data: Any) -> str:

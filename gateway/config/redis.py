@@ -32,6 +32,8 @@ class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     lease_ttl_s: Annotated[float, rule("be from 0.5 to 300", ge=0.5, le=300)] = 5.0
     #: Longest a Redis call may take on the request path before the replica falls back
     #: to local state (loopback answers in ~0.2 ms; a slow Redis must not become the tail).
+    #: Redis's time, not this process's: a deadline woken up to late (a busy loop, a
+    #: starved process) gives the call the same time once more (`fleet/store.py`).
     timeout_s: PositiveFloat = 0.1
     #: How often leases are renewed, counts refreshed and signals published (and, when
     #: fallen back, Redis tried again); 0: a third of lease_ttl_s.

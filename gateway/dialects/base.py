@@ -103,5 +103,11 @@ class Dialect(ABC):
         """
 
 
+#: What an in-band error adds to the envelope's four members, on a stream whose headers
+#: went out before it failed (`http.errors.in_band_error`): a dialect that reshapes
+#: the error keeps them.
+IN_BAND_FIELDS = ("retry_after", "queue_ms")
+
+
 def sse_event(payload: Any) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"

@@ -17,7 +17,7 @@ from gateway.admission.limits import OutputBudget, check_n
 from gateway.admission.schema import TgiCompatRequest, TgiGenerateRequest, parse
 from gateway.admission.tokens import PromptParts, TokenCounter
 from gateway.config import LimitsSettings
-from gateway.dialects.base import Dialect, sse_event
+from gateway.dialects.base import IN_BAND_FIELDS, Dialect, sse_event
 from gateway.upstream.seam import (
     LOGPROBS,
     REQUEST_SHAPE,
@@ -106,7 +106,10 @@ class TgiDialect(Dialect):
 
     def error_event(self, error: dict[str, Any]) -> bytes:
         # huggingface_hub reads a TGI stream's error as a string with an `error_type`.
-        return sse_event({"error": error["message"], "error_type": error["code"]})
+        event = {"error": error["message"], "error_type": error["code"]}
+        # An early stream's in-band error also says when to retry and how long it queued.
+        event.update((key, error[key]) for key in IN_BAND_FIELDS if key in error)
+        return sse_event(event)
 
     def not_resumable(self, shape: RequestShape) -> str | None:
         parameters = shape.body.get("parameters") or {}

@@ -65,7 +65,7 @@ class Fleet:
     async def start(self) -> None:
         for leases in self.leases_by_pool.values():
             await leases.start()
-        if await self.store.ping():
+        if await self.store.ping() and await self.store.warm():
             await self.tick()
         else:
             for leases in self.leases_by_pool.values():

@@ -7,6 +7,13 @@ the callers fall back to their local state; the fleet's tick tries Redis again
 and marks it *up* when it answers (one info line), and the callers rejoin.
 Requests never fail because Redis did: the worst a slow Redis can add to one
 is `timeout_s`, once, after which nobody waits for it until it is back.
+
+The timeout is Redis's, not this process's: a deadline this replica's own event loop
+woke up to late (a busy loop, a process starved of CPU on a loaded machine) says
+nothing of Redis, whose answer may be sitting unread in the socket. Such a call gets
+its time once more before it counts as a failure (`_within`). On a loaded 2-core
+machine 100 ms of the loop's own lateness was enough to send a replica to its local
+share, with half the quota in its headers, though Redis answered in under 10 ms.
 """
 
 from __future__ import annotations
@@ -26,10 +33,23 @@ from gateway.config import RedisSettings
 
 T = TypeVar("T")
 
+#: A deadline woken up to later than this was missed by this process, not by Redis.
+LATE_WAKE_S = 0.02
+
 #: Connections to Redis per replica: calls beyond wait for one (each holds it a round trip).
 POOL_CONNECTIONS = 16
+#: Connections opened at start-up (`warm`), so a first burst of requests does not
+#: open them on the request path (a connection is several round trips: connect, HELLO,
+#: CLIENT SETINFO), where nine at once on a loaded machine took over `timeout_s`.
+WARM_CONNECTIONS = 4
 
 _PASSWORD = re.compile(r"^(?P<scheme>[a-z]+://)(?P<user>[^:@/]*):[^@/]*@", re.IGNORECASE)
+
+
+def backstop_s(timeout_s: float) -> float:
+    """redis-py's timeouts, past the two windows `_within` may give a call, and the
+    ping's (off the request path): at least 1 s."""
+    return max(1.0, 3 * timeout_s)
 
 
 def mask_url_password(url: str) -> str:
@@ -60,9 +80,12 @@ class SharedStore:
             connection_pool=aioredis.BlockingConnectionPool.from_url(
                 settings.url,
                 max_connections=POOL_CONNECTIONS,
-                timeout=settings.timeout_s,
-                socket_timeout=settings.timeout_s,
-                socket_connect_timeout=max(settings.timeout_s, 0.5),
+                # redis-py's own timeouts only back `_within` up (which bounds every call
+                # by timeout_s, this process's lateness aside): at timeout_s they fired on
+                # a late loop too, and blamed Redis for it.
+                timeout=backstop_s(settings.timeout_s),
+                socket_timeout=backstop_s(settings.timeout_s),
+                socket_connect_timeout=backstop_s(settings.timeout_s),
                 # A fresh connection per retry would only double the wait: fail, fall back.
                 retry_on_timeout=False,
                 health_check_interval=0,
@@ -106,10 +129,11 @@ class SharedStore:
             return None
         return await self._attempt(op, fn)
 
-    async def _attempt(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+    async def _attempt(
+        self, op: str, fn: Callable[[], Awaitable[T]], timeout_s: float | None = None
+    ) -> T | None:
         try:
-            async with asyncio.timeout(self.settings.timeout_s):
-                return await fn()
+            return await _within(fn, timeout_s or self.settings.timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(op, exc)
             return None
@@ -138,7 +162,11 @@ class SharedStore:
             # would fail once on its next use and send the replica back to local state.
             with contextlib.suppress(RedisError, OSError):
                 await self.client.connection_pool.disconnect()
-        answered = await self._attempt("ping", self.client.ping) is not None
+        # Off the request path (start-up, the fleet's tick), and the first call on a fresh
+        # connection (connect, CLIENT SETINFO, PING: several round trips): a loaded
+        # machine took over 0.1 s for it at start-up, and the replica began on local state.
+        bound_s = backstop_s(self.settings.timeout_s)
+        answered = await self._attempt("ping", self.client.ping, bound_s) is not None
         if answered and not was_up:
             self.up = True
             for rejoin in self.on_up:
@@ -148,8 +176,50 @@ class SharedStore:
                 self.events.info("redis_rejoined", url=mask_url_password(self.settings.url))
         return answered and self.up
 
+    async def warm(self) -> bool:
+        """Open WARM_CONNECTIONS pooled connections now (off the request path: start-up),
+        each answering a ping; False when Redis did not (the store is down then)."""
+        bound_s = backstop_s(self.settings.timeout_s)
+        answers = await asyncio.gather(
+            *(self._attempt("ping", self.client.ping, bound_s) for _ in range(WARM_CONNECTIONS))
+        )
+        return all(answer is not None for answer in answers)
+
     async def close(self) -> None:
         try:
             await self.client.aclose()
         except (RedisError, OSError):
             pass
+
+
+async def _within(fn: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    """`fn()`'s result, or TimeoutError when Redis took over `timeout_s`.
+
+    When this process woke up to the deadline late (its loop was busy or it had no
+    CPU), the call gets `timeout_s` once more: the time was ours, and an answer that
+    came meanwhile is read first (asyncio runs the socket's callback before the late
+    timer's, so the call may already be done). A second late deadline ends it too: a
+    loop that late has worse problems than Redis.
+    """
+    loop = asyncio.get_running_loop()
+    call = asyncio.ensure_future(fn())
+    try:
+        for attempt in range(2):
+            deadline = loop.time() + timeout_s
+            done, _ = await asyncio.wait((call,), timeout=timeout_s)
+            if done:
+                return call.result()
+            if attempt == 0 and loop.time() - deadline < LATE_WAKE_S:
+                break  # woken on time: Redis is slow
+        raise TimeoutError(f"Redis did not answer within {timeout_s:g} s")
+    finally:
+        if not call.done():
+            # Not waited for (redis-py has swallowed a cancellation before, see leases):
+            # it drops its connection as it ends; whatever it ends with is read here.
+            call.add_done_callback(_retrieved)
+            call.cancel()
+
+
+def _retrieved(call: asyncio.Future[Any]) -> None:
+    if not call.cancelled():
+        call.exception()

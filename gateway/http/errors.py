@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import msgspec
 from aiohttp import web
 
+from gateway.dialects.base import IN_BAND_FIELDS
 from gateway.outcomes import Refusal
 
 
@@ -140,6 +141,30 @@ def refusal_body(refusal: Refusal) -> dict[str, Any]:
     return error_body(refusal.code, refusal.message, refusal.param)
 
 
+def retry_after_seconds(retry_after_s: float) -> int:
+    """`Retry-After`'s value: whole seconds (RFC 9110), at least 1."""
+    return max(1, math.ceil(retry_after_s))
+
+
+def in_band_error(
+    error: dict[str, Any], *, retry_after_s: float | None, queue_ms: float | None
+) -> dict[str, Any]:
+    """An error object for a stream whose 200 and headers went out before it failed.
+
+    Its client can read neither `Retry-After` nor `x-gateway-queue-ms`, so the error
+    carries them: `retry_after` (the header's whole seconds) and `queue_ms`. Extra
+    members are safe: the openai SDK raises `APIError` with the whole object as `body`
+    and reads only `message`; `type`, `param` and `code` keep their meaning.
+    """
+    retry_after, queued = IN_BAND_FIELDS
+    extra: dict[str, Any] = {}
+    if retry_after_s is not None:
+        extra[retry_after] = retry_after_seconds(retry_after_s)
+    if queue_ms is not None:
+        extra[queued] = round(queue_ms, 1)
+    return {**error, **extra}
+
+
 def error_response(
     refusal: Refusal, headers: Mapping[str, str] | None = None, *, status: int | None = None
 ) -> web.Response:
@@ -151,7 +176,7 @@ def error_response(
     all_headers = dict(headers or {})
     all_headers[REFUSAL_HEADER] = refusal.code
     if refusal.retry_after_s is not None:
-        all_headers["Retry-After"] = str(max(1, math.ceil(refusal.retry_after_s)))
+        all_headers["Retry-After"] = str(retry_after_seconds(refusal.retry_after_s))
     return web.Response(
         status=status or status_of(refusal),
         body=_encode({"error": refusal_body(refusal)}),

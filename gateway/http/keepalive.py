@@ -11,7 +11,13 @@ SDKs, browsers' EventSource); curl shows them.
 Requests that get their slot and first byte sooner (nearly all) send nothing
 early: they pay one loop timer, and their refusals keep their HTTP status. Once
 the headers went out, a refusal or a backend error can only be a final SSE
-error event in that 200 stream: `settle` turns an answer into one.
+error event in that 200 stream: `settle` turns an answer into one (the proxy
+adds the retry hint and queue time the headers could not carry).
+
+The headers go before the wait ends, so an early stream cannot carry
+`x-gateway-queue-ms`: once dispatched, it says its queue time in one more comment,
+`: x-gateway-queue-ms 1234.5`, just before the backend's first byte (comments are
+what every SSE client skips, so no parser sees a new event).
 """
 
 from __future__ import annotations
@@ -32,12 +38,26 @@ QUEUED = b": queued\n\n"
 WAITING = b": waiting\n\n"
 
 
+def queue_time_comment(queue_ms: float) -> bytes:
+    """The queue time an early stream's headers could not carry, as an SSE comment."""
+    return b": x-gateway-queue-ms %.1f\n\n" % queue_ms
+
+
 class EarlyStream:
     """The client's stream response of one request, which may be started before the
     backend answers. The relay streams into `response` (prepared or not) after `stop`.
     """
 
-    __slots__ = ("_request", "_interval_s", "_timer", "_task", "_sleeping", "response", "phase")
+    __slots__ = (
+        "_request",
+        "_interval_s",
+        "_timer",
+        "_task",
+        "_sleeping",
+        "response",
+        "phase",
+        "queue_ms",
+    )
 
     def __init__(self, request: web.Request, headers: Mapping[str, str], interval_s: float) -> None:
         self._request = request
@@ -45,6 +65,8 @@ class EarlyStream:
         self.response = SseResponse(status=200, headers={**STREAM_HEADERS, **headers})
         #: The comment sent at the next tick: QUEUED, then WAITING once dispatched.
         self.phase = QUEUED
+        #: The queue time, once dispatched: said in a comment by `stop` if the stream began.
+        self.queue_ms: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._sleeping = False
         self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
@@ -76,7 +98,10 @@ class EarlyStream:
             pass  # the client went away: its handler is being cancelled
 
     async def stop(self) -> None:
-        """No more comments; waits out one being written, so the relay writes alone."""
+        """No more comments; waits out one being written, so the relay writes alone.
+
+        A stream that began says its queue time last (once: `settle` may stop again).
+        """
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -88,6 +113,11 @@ class EarlyStream:
         # wait(), not `await task`: the task's own end (cancelled) is no error here, and a
         # cancellation of the handler itself (the client left) must still reach it.
         await asyncio.wait((task,))
+        if self.response.prepared and self.queue_ms is not None:
+            try:
+                await self.response.write(queue_time_comment(self.queue_ms))
+            except (ConnectionError, RuntimeError):
+                pass  # the client went away: the relay's own write will say so
 
     def cancel(self) -> None:
         """Stop at once, without waiting (the request is over, or was cancelled)."""

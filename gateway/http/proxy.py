@@ -15,10 +15,10 @@ upstream (retry, resume, health).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -32,7 +32,7 @@ from gateway.config import ApiKeySettings, LimitsSettings
 from gateway.dialects.base import Dialect
 from gateway.fleet.leases import SlotLeases, leased
 from gateway.fleet.quotas import QuotaReservation
-from gateway.http.errors import error_response, refusal_body, status_of
+from gateway.http.errors import error_response, in_band_error, refusal_body, status_of
 from gateway.http.keepalive import WAITING, EarlyStream
 from gateway.observability.record import RequestRecord, clock
 from gateway.observability.trace_context import TraceContext
@@ -75,12 +75,6 @@ def route_handler(dialect: Dialect) -> Handler:
     return handle
 
 
-#: New request ids: a random per-process prefix and a counter, 32 hex digits like a
-#: uuid4's; unique across replicas and restarts without a getrandom() call per request.
-_ID_PREFIX = os.urandom(8).hex()
-_id_counter = itertools.count()
-
-
 def client_request_id(request: web.Request) -> str | None:
     """The client's own x-request-id when it sent a sane one."""
     given = request.headers.get("x-request-id")
@@ -90,8 +84,14 @@ def client_request_id(request: web.Request) -> str | None:
 
 
 def request_id_of(request: web.Request) -> str:
-    """The client's x-request-id when it is sane, else a new one."""
-    return client_request_id(request) or f"{_ID_PREFIX}{next(_id_counter):016x}"
+    """The client's x-request-id when it is sane, else a new one: 128 random bits as 32
+    hex digits (the length the counter ids had).
+
+    From the kernel's generator, not a counter: a client that sees one id cannot guess
+    the next one (ids reach the backend, logs and traces, and a retry is matched by
+    the client's id). It costs about 0.45 µs a request (a counter cost 0.2 µs).
+    """
+    return client_request_id(request) or os.urandom(16).hex()
 
 
 async def read_json_object(
@@ -335,8 +335,15 @@ async def settled(
     early: EarlyStream, answer: web.StreamResponse, record: RequestRecord, dialect: Dialect
 ) -> web.StreamResponse:
     """The answer, or, when keep-alive comments had started the stream, the answer's
-    error as the stream's last event (what the client then got is a 200)."""
-    response = await early.settle(answer, dialect.error_event)
+    error as the stream's last event (what the client then got is a 200), with the
+    retry hint and queue time its headers could no longer carry."""
+
+    def in_band(error: dict[str, Any]) -> bytes:
+        return dialect.error_event(
+            in_band_error(error, retry_after_s=record.retry_after_s, queue_ms=record.queue_ms)
+        )
+
+    response = await early.settle(answer, in_band)
     if response is not answer:
         record.status = 200
     return response
@@ -596,6 +603,7 @@ async def send(flight: Flight) -> web.StreamResponse:
     early = flight.early
     if early is not None:
         early.phase = WAITING
+        early.queue_ms = record.queue_ms
     if not shape.stream:
         flight.prefill_timer = end_prefill_when_predicted(scheduler, held)
     headers.update(queue_headers(record.queue_ms))

@@ -53,6 +53,16 @@ class GatewayMetrics:
             ["lane", "outcome", "status"],
             registry=r,
         )
+        # A stream whose 200 and headers went out early (keep-alive comments) or whose
+        # backend failed mid-answer ends with an SSE error event: a 200 in
+        # gateway_requests_total by status, an error here by its code.
+        self.stream_errors = Counter(
+            "gateway_stream_errors",
+            "Streams answered 200 that ended with an in-band SSE error event, by lane and "
+            "error code (queue_timeout, backend_timeout, backend_stream_error, ...).",
+            ["lane", "code"],
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "gateway_queue_wait_seconds",
             "Time spent in the lane's queue.",
@@ -219,6 +229,8 @@ class GatewayMetrics:
             counter = self.requests.labels(key[0], key[1], str(record.status or 0))
             self._request_counters[key] = counter
         counter.inc()
+        if record.error_code is not None and record.status == 200:
+            self.stream_errors.labels(lane or "none", record.error_code).inc()
         if record.retried_outcome is not None:
             self._observe_retry(lane or "none", record.retried_outcome, record.retry_damped)
         if record.resumes:

@@ -7,7 +7,9 @@ hold on a busy 2-core machine.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 from typing import Any
 
 import aiohttp
@@ -161,6 +163,26 @@ async def test_non_stream_answer_passes_through_with_headers(
     # The request id reached the backend for correlation.
     received = await sim_requests(http, sim)
     assert received[-1]["request_id"] == "trace-abc-123"
+
+
+async def test_request_ids_the_gateway_makes_are_unpredictable(
+    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """A counter gave `<prefix>…0002`, `…0003`: anyone who saw one id knew the next."""
+    sim = await start_simulator_at()
+    gateway = await start_gateway([sim])
+    ids = []
+    for _ in range(4):
+        async with http.post(
+            gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=1)
+        ) as resp:
+            assert resp.status == 200
+            ids.append(resp.headers["x-request-id"])
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids), ids
+    # 128 random bits: two ids share their first 8 hex digits once in 4 billion pairs.
+    for a, b in itertools.combinations(ids, 2):
+        assert len(os.path.commonprefix([a, b])) < 8, ids
+        assert int(a, 16) - int(b, 16) not in (-1, 1), ids
 
 
 async def test_missing_max_tokens_is_defaulted_and_too_big_is_clamped(
