@@ -50,6 +50,16 @@ test-fast: $(STAMP)
 install-report install-tracing: $(PY)
 	$(PY) -m pip install -e '.[$(@:install-%=%)]'
 
+## docs: the docs site from docs/ into build/docs (warnings, such as a broken link, fail it)
+## docs-serve: that site on http://127.0.0.1:8001
+.PHONY: docs docs-serve
+DOCS_OUT := build/docs
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -n -q -b html docs $(DOCS_OUT)
+
+docs-serve: docs
+	$(PY) -m http.server --bind 127.0.0.1 --directory $(DOCS_OUT) 8001
+
 lint: $(STAMP)
 	$(PY) -m ruff check gateway tests scripts
 	$(PY) -m mypy gateway

@@ -1,6 +1,6 @@
 """The one map from refusals to HTTP: status, OpenAI error `type`, envelope, SSE error event.
 
-Only this module knows which status a refusal gets. The README's error table
+Only this module knows which status a refusal gets. The error table of docs/diagnosing.md
 and the OpenAPI document are checked against (or built from) `ERRORS`.
 """
 
@@ -20,7 +20,7 @@ from gateway.outcomes import Refusal
 class ErrorKind(NamedTuple):
     status: int
     type: str
-    #: When the gateway answers with it (the README's and the OpenAPI document's words).
+    #: When the gateway answers with it (docs/diagnosing.md's and the OpenAPI document's words).
     situation: str
 
 

@@ -1,4 +1,4 @@
-"""One table maps refusals to statuses; the README and the OpenAPI document agree with it."""
+"""One table maps refusals to statuses; the docs' error table and the OpenAPI document agree with it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from gateway.http.errors import ERRORS, RETRY_AFTER_CODES, error_response
 from gateway.http.openapi import openapi_document
 from gateway.outcomes import REFUSALS, Outcome, QueueFull, Refusal
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+#: The errors table moved here from the README (the docs site's "Diagnosing from logs").
+DIAGNOSING = Path(__file__).resolve().parents[2] / "docs" / "diagnosing.md"
 
 
-def readme_error_rows() -> set[tuple[int, str]]:
-    """(status, code) pairs of the README's error table ("404 / 405" pairs with codes)."""
-    text = README.read_text()
+def documented_error_rows() -> set[tuple[int, str]]:
+    """(status, code) pairs of docs/diagnosing.md's error table ("404 / 405" pairs with codes)."""
+    text = DIAGNOSING.read_text()
     section = text[text.index("## Errors") :]
     section = section[: section.index("\n## ", 1)]
     rows = set()
@@ -36,8 +37,8 @@ def test_every_refusal_has_a_row_in_the_table() -> None:
     assert {kind.code for kind in REFUSALS} <= set(ERRORS)
 
 
-def test_the_readme_error_table_is_the_code_table() -> None:
-    assert readme_error_rows() == {(kind.status, code) for code, kind in ERRORS.items()}
+def test_the_documented_error_table_is_the_code_table() -> None:
+    assert documented_error_rows() == {(kind.status, code) for code, kind in ERRORS.items()}
 
 
 def test_every_status_of_the_table_is_documented_in_openapi() -> None:

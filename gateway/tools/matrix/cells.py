@@ -106,7 +106,7 @@ def _rounded(value: Any) -> Any:
 
 def gateway_settings(profile: EngineProfile, config_path: str | None = None) -> Settings:
     """The gateway's defaults (or `config_path`'s) in front of one backend of `profile`,
-    its `max_concurrency` as a user following the README sets it."""
+    its `max_concurrency` as a user following the docs (docs/clusters.md) sets it."""
     settings = load_settings(config_path)
     backend = BackendSettings(
         url="http://matrix-0.invalid",

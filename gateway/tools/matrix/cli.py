@@ -3,7 +3,7 @@
 Every cell (engine x traffic mix x load) replays the same seeded schedules straight to the
 engine, through the gateway's own code freshly started, and through the ideal two-lane
 scheduler, then checks the product's promises (`cells.py`). Prints the table, writes it
-as JSON (and Markdown for the README's results), and exits 1 when a promise is missed.
+as JSON (and as a Markdown page for the docs site, `docs/matrix.md`), and exits 1 when a promise is missed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.tools.matrix.cells import Cell, run_cell
 from gateway.tools.matrix.engines import BY_NAME, PROFILES
-from gateway.tools.matrix.report import FOOTNOTE, markdown, summary, table
+from gateway.tools.matrix.report import FOOTNOTE, markdown_page, summary, table
 from gateway.tools.matrix.traffic import MIXES
 
 LOADS = (0.5, 0.8, 1.0, 1.2)
@@ -93,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
             json.dump({"cells": results, "summary": found}, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(markdown(results) + "\n")
+            f.write(markdown_page(results) + "\n")
     return 1 if found["missed"] else 0
 
 

@@ -5,7 +5,7 @@ one kind of machine, the way it prefills (chunks of a step's token budget beside
 batch's decoding: vLLM, SGLang, llama.cpp, whose budget is `n_batch`; or whole prompts in
 steps of their own: TGI), what that server says about itself (`replay/answers.py`:
 llama.cpp reports its slots, TGI its router's limit, vLLM and SGLang none), and what a
-user following the README sets (`max_concurrency` where the engine cannot tell it).
+user following the docs sets (`max_concurrency` where the engine cannot tell it).
 
 The figures are round numbers of the right order, not measurements of one box: the
 matrix is judged on kinds of engine, not on one machine. The two llama.cpp CPU profiles
@@ -27,7 +27,7 @@ class EngineProfile:
     name: str
     description: str
     engine: ModelledEngine
-    #: The gateway's `max_concurrency` as a user sets it (the README: the engine's batch,
+    #: The gateway's `max_concurrency` as a user sets it (docs/clusters.md: the engine's batch,
     #: where the engine does not report it); None: left out, the gateway finds it.
     configured_slots: int | None = None
     #: Prompt and output sizes of every mix scaled by these (a CPU engine is sent smaller
