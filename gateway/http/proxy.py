@@ -522,7 +522,7 @@ async def queue(flight: Flight) -> None:
     state, shape, record, lane = flight.state, flight.shape, flight.record, flight.record.lane
     assert lane is not None
     server = state.settings.server
-    flight.route.pool.sizer.prompt_sizes.add(lane, shape.prompt_tokens)
+    flight.route.pool.sizer.note_prompt(lane, shape.prompt_tokens)
     if shape.stream and server.sse_keepalive_s > 0:
         flight.early = EarlyStream(flight.request, flight.headers, server.sse_keepalive_s)
     record.enqueued = clock()

@@ -92,6 +92,12 @@ BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
 #: The automatic prefill budget's ceiling: the fixed budget of earlier releases, which
 #: holds on CPU engines, where one long prompt alone is over it.
 MAX_AUTO_PREFILL_BUDGET_S = 0.5
+#: A prompt whose own prefill (its tokens at the learned rate, without the first token's
+#: fixed cost) is at most this share of the budget rides along with the prefill in
+#: flight: it holds nobody up, and held back it only waits in the gateway instead of in
+#: the engine. (With the budget one long prompt's prefill, counting a short prompt's
+#: fixed cost against it held every short request behind every long prefill.)
+RIDE_ALONG = 0.25
 
 
 @dataclass(slots=True, frozen=True)
@@ -303,6 +309,11 @@ class Backend:
         ):
             return False
         if self.prefill_budget_s:
+            if (
+                prompt_tokens / self.model.prefill_tokens_per_s
+                <= RIDE_ALONG * self.prefill_budget_s
+            ):
+                return True
             in_prefill = self.prefilling_s + self.others_prefilling_s + kept.prefill_s
             return in_prefill + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
         return True

@@ -37,7 +37,7 @@ import msgspec
 from gateway.config import LimitsSettings, Settings, slot_limit
 from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_weight
 from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
-from gateway.scheduling.learning import changed_a_lot
+from gateway.scheduling.learning import MIN_PREFILL_SAMPLE_TOKENS, changed_a_lot
 from gateway.scheduling.scheduler import LaneState, Scheduler
 from gateway.upstream.engine_timings import window_split
 from gateway.upstream.learned_state import LearnedState
@@ -118,8 +118,20 @@ class BackendSizer:
         self._warned: dict[str, float] = {}
         #: Where the learned figures are kept across a restart (None: nowhere).
         self.learned_state: LearnedState | None = None
-        # The deadlines in force from the first request: provisional until learned.
-        self.refit()
+        #: A prompt the prior cannot time was sent (one long enough to teach a prefill
+        #: rate): from then until the rate is learned, the deadlines are provisional.
+        self._sent_unpredictable = False
+        self.refit(quiet=True)
+
+    def note_prompt(self, lane: str, prompt_tokens: int) -> None:
+        """A request of `lane` with this prompt is about to queue: its size is a sample of
+        what a long prompt is, and the first long one sent to engines not learned yet
+        makes the deadlines provisional at once (`learned`), before it holds anyone up."""
+        self.prompt_sizes.add(lane, prompt_tokens)
+        if not self._sent_unpredictable and prompt_tokens >= MIN_PREFILL_SAMPLE_TOKENS:
+            self._sent_unpredictable = True
+            if not all(b.model.prefill_learned for b in self.pool.backends):
+                self.refit()
 
     async def round(self, through: aiohttp.ClientSession | BackendQuestions) -> None:
         """One sizing round: facts now and then, engine loads, then refit the lanes.
@@ -300,7 +312,10 @@ class BackendSizer:
 
     # -- refitting the lanes ----------------------------------------------------------
 
-    def refit(self) -> None:
+    def refit(self, *, quiet: bool = False) -> None:
+        """Slot limits, prefill budgets and deadlines from what the backends said and
+        taught; `quiet`: without the lifecycle lines (at construction, before `serve`
+        could say anything else: a start that fails says only why)."""
         long = self.prompt_sizes.long()
         for backend in self.pool.backends:
             backend.fit_prefill_budget(long)
@@ -314,6 +329,8 @@ class BackendSizer:
                 deadline = max(deadline, UNLEARNED_DEADLINE_S)
             previous = self.scheduler.lane(lane.name).deadline_s
             self.scheduler.set_deadline(lane.name, deadline)
+            if quiet:
+                continue
             if deadline != lane.queue_timeout_s and changed_a_lot(previous, deadline, 1.2):
                 self.events.info(
                     "lane_deadline_fitted",
@@ -326,6 +343,8 @@ class BackendSizer:
             elif floor > lane.queue_timeout_s and not lane.fit_timeout_to_engine:
                 self._warn_short_deadline(lane.name, lane.queue_timeout_s, floor)
         self.scheduler.cost.output_weight = self.output_token_weight()
+        if quiet:
+            return
         for state in self.scheduler.lanes:
             self._warn_demand_over_capacity(state.name, state.capacity)
         for backend in self.pool.backends:
@@ -358,10 +377,14 @@ class BackendSizer:
 
     def learned(self, lane: str) -> bool:
         """Every backend of `lane` has taught its prefill rate (its own traffic, the
-        start-up probe, or the state a restart kept). Until then the floor is the prior's
-        (a GPU's): a deadline fitted to it would refuse requests the engine serves a
-        moment later (a slow CPU: every short request behind the first long prefill), so
-        the lane's deadline is `UNLEARNED_DEADLINE_S` meanwhile."""
+        start-up probe, or the state a restart kept), or no prompt long enough to need it
+        was sent yet. Otherwise the floor is the prior's (a GPU's): a deadline fitted to
+        it would refuse requests the engine serves a moment later (a slow CPU: every
+        short request behind the first long prefill), so the lane's deadline is
+        `UNLEARNED_DEADLINE_S` meanwhile. Short prompts alone wait for nothing the
+        configured deadline did not allow for: it stays in force."""
+        if not self._sent_unpredictable:
+            return True
         return all(b.model.prefill_learned for b in self.pool.backends_of(lane))
 
     def output_token_weight(self) -> float:

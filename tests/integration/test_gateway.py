@@ -291,7 +291,16 @@ async def test_queue_timeout_gets_503_with_retry_after(
     start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     sim = await start_simulator_at()
-    lanes = [LaneSettings(name="only", queue_timeout_s=0.4, reject_predicted_wait=False)]
+    # The configured deadline itself (on one slot, one fitted to the engine is a whole
+    # answer ahead: seconds).
+    lanes = [
+        LaneSettings(
+            name="only",
+            queue_timeout_s=0.4,
+            reject_predicted_wait=False,
+            fit_timeout_to_engine=False,
+        )
+    ]
     gateway = await start_gateway([sim], max_concurrency=1, lanes=lanes)
     running = asyncio.create_task(
         http.post(gateway.url + "/v1/chat/completions", json=chat(SHORT_PROMPT, max_tokens=400))

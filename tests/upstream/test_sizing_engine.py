@@ -95,6 +95,11 @@ def test_no_deadline_refusal_rests_on_figures_not_learned() -> None:
 
     sizer, scheduler = sizer_with_slots(4)
     short = sizer.settings.lanes[0]
+    # Short prompts alone wait for nothing the configured deadline did not allow for.
+    sizer.note_prompt(short.name, 50)
+    assert scheduler.lane(short.name).deadline_s == short.queue_timeout_s
+    # The first prompt the prior cannot time makes the deadlines provisional at once.
+    sizer.note_prompt(short.name, 1500)
     assert scheduler.lane(short.name).deadline_s == UNLEARNED_DEADLINE_S
     backend = sizer.pool.backends[0]
     for _ in range(5):

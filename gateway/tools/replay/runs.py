@@ -219,7 +219,7 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
             lane, budget = admission.lane.name, admission.budget
             record.lane, record.max_tokens = lane, budget.max_tokens
             pool.require_available(lane)
-            sizer.prompt_sizes.add(lane, arrival.prompt_tokens)
+            sizer.note_prompt(lane, arrival.prompt_tokens)
             record.enqueued = loop.time()
             note = WaitNote()
             hint = RouteHint(
