@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the gateway's image (deploy/image/Containerfile) with podman or buildah,
+# Builds the gateway's image (Containerfile) with podman or buildah,
 # whichever is installed, and prints its size.
 #
 #   deploy/image/build.sh [--local] [--tag IMAGE] [--base BASE_IMAGE]
@@ -34,7 +34,7 @@ else
     exit 1
 fi
 
-ARGS=(-f deploy/image/Containerfile -t "$TAG")
+ARGS=(-f Containerfile -t "$TAG")
 find deploy/image/wheels -name '*.whl' -delete
 if [ "$LOCAL" = 1 ]; then
     BASE=${BASE:-localhost/debian-python:3.11}
