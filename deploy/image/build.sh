@@ -50,5 +50,8 @@ fi
 started=$SECONDS
 "${BUILD[@]}" "${ARGS[@]}" .
 find deploy/image/wheels -name '*.whl' -delete
+# The build stage and the image this tag replaced are left untagged (~420 MB a build):
+# prune dangling images so repeated builds (the image test) do not fill the disk.
+if [ "${BUILD[0]}" = podman ]; then podman image prune -f >/dev/null; else buildah rmi --prune >/dev/null; fi
 size=$(buildah images --format '{{.Size}}' "$TAG" 2>/dev/null || true)
 echo "build.sh: built $TAG in $((SECONDS - started)) s${size:+, $size}"
