@@ -48,7 +48,13 @@ fi
 [ -n "$BASE" ] && ARGS+=(--build-arg "BASE_IMAGE=$BASE")
 
 started=$SECONDS
-"${BUILD[@]}" "${ARGS[@]}" .
+"${BUILD[@]}" "${ARGS[@]}" . || {
+    status=$?
+    find deploy/image/wheels -name '*.whl' -delete
+    [ "$LOCAL" = 1 ] || echo "build.sh: the build failed; with no reachable registry, build with --local" \
+        "(make image IMAGE_ARGS=--local)" >&2
+    exit "$status"
+}
 find deploy/image/wheels -name '*.whl' -delete
 # The build stage and the image this tag replaced are left untagged (~420 MB a build):
 # prune dangling images so repeated builds (the image test) do not fill the disk.
