@@ -60,6 +60,17 @@ docs: $(STAMP)
 docs-serve: docs
 	$(PY) -m http.server --bind 127.0.0.1 --directory $(DOCS_OUT) 8001
 
+## image: the OCI image localhost/llm-tail-gateway:latest (podman or buildah); with no
+## reachable registry: `make image IMAGE_ARGS=--local` (a debootstrap base, wheels from here)
+IMAGE_ARGS ?=
+.PHONY: image test-image
+image: $(STAMP)
+	PYTHON=$(PY) deploy/image/build.sh $(IMAGE_ARGS)
+
+## test-image: builds the image on the local base, runs it, streams from it (~1-2 min, root)
+test-image: $(STAMP)
+	$(PY) -m pytest -q -m image tests/deploy/test_image.py $(ARGS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check gateway tests scripts
 	$(PY) -m mypy gateway
