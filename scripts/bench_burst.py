@@ -105,18 +105,26 @@ async def admitted_again(
 
 
 async def burst(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+    """The 60 streams at once; from each kind's first refusal on, a probe of that kind
+    every second, at the same time as the rest of the burst, until one is admitted."""
     kinds = [SHORT] * 40 + [long_kind() for _ in range(20)]
     random.shuffle(kinds)
-    results = await asyncio.gather(*(one(session, url, k) for k in kinds))
-    refused = [r for r in results if r["code"] is not None]
-    # When the lane really admitted again: one probe per kind refused, from its first refusal.
-    for long in (False, True):
-        mine = [r for r in refused if r["long"] == long]
-        if mine:
-            first = min(r["ended"] for r in mine)
-            wait = await admitted_again(session, url, long, first)
-            for r in mine:
-                r["admitted_again_s"] = round(wait - (r["ended"] - first), 2)
+    probes: dict[bool, tuple[float, asyncio.Task[float]]] = {}
+
+    async def sent(kind: dict[str, int]) -> dict[str, Any]:
+        result = await one(session, url, kind)
+        if result["code"] is not None and result["status"] != 200 and result["long"] not in probes:
+            since = result["ended"]
+            task = asyncio.create_task(admitted_again(session, url, result["long"], since))
+            probes[result["long"]] = (since, task)
+        return result
+
+    results = await asyncio.gather(*(sent(k) for k in kinds))
+    for long, (since, task) in probes.items():
+        wait = await task
+        for r in results:
+            if r["code"] is not None and r["status"] != 200 and r["long"] == long:
+                r["admitted_again_s"] = round(wait - (r["ended"] - since), 2)
     return results
 
 
@@ -147,7 +155,9 @@ async def main(args: argparse.Namespace) -> int:
     chat = await start_simulator([*flags, "--model", "llama-3-8b"], "chat")
     code = await start_simulator([*flags, "--model", "qwen-coder"], "code")
     out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         gateway = await start_gateway(
             "gateway",
             CONFIG.format(chat=chat.url, code=code.url),
@@ -178,4 +188,5 @@ if __name__ == "__main__":
     parser.add_argument("--pause", type=float, default=20.0, help="seconds between bursts")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="write the figures as JSON")
+    parser.add_argument("--keep", metavar="DIR", help="keep the gateway's config and logs here")
     raise SystemExit(asyncio.run(main(parser.parse_args())))
