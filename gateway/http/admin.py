@@ -80,13 +80,22 @@ def _deadline_s(request: web.Request, default: float) -> float:
     return value
 
 
-async def drain(request: web.Request) -> web.Response:
+def _target(
+    request: web.Request,
+) -> tuple[GatewayState, str, list[tuple[BackendPool, Backend]], Refusal | None]:
+    """The gateway's state, the backend name asked for, the (pool, backend) pairs of that
+    name, and the refusal when the caller may not ask or no backend has it."""
     state = request.app[GATEWAY]
     refusal = _admin_refusal(request, state)
     name = request.match_info["name"]
     found = _backends_named(state, name)
     if refusal is None and not found:
         refusal = NoSuchBackend(f"No backend is named '{name}'.")
+    return state, name, found, refusal
+
+
+async def drain(request: web.Request) -> web.Response:
+    state, name, found, refusal = _target(request)
     try:
         if refusal is not None:
             raise refusal
@@ -109,12 +118,7 @@ async def drain(request: web.Request) -> web.Response:
 
 
 async def undrain(request: web.Request) -> web.Response:
-    state = request.app[GATEWAY]
-    refusal = _admin_refusal(request, state)
-    name = request.match_info["name"]
-    found = _backends_named(state, name)
-    if refusal is None and not found:
-        refusal = NoSuchBackend(f"No backend is named '{name}'.")
+    state, name, found, refusal = _target(request)
     if refusal is not None:
         return error_response(refusal)
     for pool, backend in found:

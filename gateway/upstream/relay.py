@@ -222,6 +222,12 @@ class Watchdog:
         self.expired: str | None = None
         self._handle = self._loop.call_at(min(self.last + first_byte_s, total_at), self._check)
 
+    def note_chunk(self, now: float) -> None:
+        """A chunk came at `now`: the silence before it may be the longest yet."""
+        if now - self.last > self.gap:
+            self.gap = now - self.last
+        self.last = now
+
     def watch_stall(self, rule: StallRule, learned_gap_s: float) -> None:
         """From the first token on: a silence past the stall time is a stall."""
         self._stall = rule
@@ -477,10 +483,7 @@ async def _relay_stream(
                 # next read and write carry more (fewer syscalls per token at full speed).
                 await asyncio.sleep(0)
             chunk = await content.readany()
-            now = loop.time()
-            if now - watchdog.last > watchdog.gap:
-                watchdog.gap = now - watchdog.last
-            watchdog.last = now
+            watchdog.note_chunk(loop.time())
             if not chunk:
                 out = b""
                 break

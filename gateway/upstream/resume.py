@@ -202,10 +202,7 @@ async def relay_continuation(
         watching = False
         while not stream.done:
             chunk = await content.readany()
-            now = loop.time()
-            if now - watchdog.last > watchdog.gap:
-                watchdog.gap = now - watchdog.last
-            watchdog.last = now
+            watchdog.note_chunk(loop.time())
             if not chunk:
                 break
             if not watchdog.streaming:
