@@ -39,6 +39,14 @@ _ENCODING: tiktoken.Encoding | None = None
 os.environ.setdefault("GATEWAY_HEALTH_STATE_FILE", "off")
 
 
+@pytest.fixture(autouse=True)
+def _own_state_directory(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -> None:
+    """Each test's processes have a state directory of their own: a test that strips the
+    GATEWAY_* variables gets `serve`'s default state file, and one in the user's directory
+    restored another run's figures for a backend on a reused port."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+
+
 def encoding() -> tiktoken.Encoding:
     """Load the BPE once for the whole session (it takes ~0.2 s)."""
     global _ENCODING
