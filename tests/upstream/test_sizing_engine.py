@@ -21,7 +21,7 @@ from gateway.upstream.sizing import _Known, _queued_scrapes
 from gateway.upstream.telemetry import EngineLoad
 
 
-def sizer_with_slots(slots: int):  # type: ignore[no-untyped-def]
+def sizer_with_slots(slots: int | None):  # type: ignore[no-untyped-def]
     settings = load_settings(None)
     backend = BackendSettings(url="http://floor.invalid", name="b0", max_concurrency=slots)
     settings = msgspec.structs.replace(settings, backends=[backend])
@@ -74,6 +74,7 @@ def scrapes(*loads: EngineLoad) -> int:
     for each in loads:
         known.queued_scrapes = _queued_scrapes(known, each)
         known.queued_running = each.running
+        known.peak_running = max(known.peak_running, int(each.running or 0))
     return known.queued_scrapes
 
 
@@ -86,6 +87,49 @@ def test_an_engine_at_its_limit_with_requests_waiting_is_a_queue() -> None:
     assert scrapes(load(3, 16), load(4, 16)) >= 2  # at its batch limit
     assert scrapes(load(3, 20, 0.95), load(2, 18, 0.97)) >= 2  # out of KV cache
     assert scrapes(load(3, 16), load(0, 12), load(3, 16)) == 1
+
+
+def test_a_queue_behind_one_long_prefill_is_not_a_full_batch() -> None:
+    # A whole-prompt engine (TGI) queues new requests while it prefills a long prompt,
+    # its running unchanged meanwhile: 3 running of the 16 it ran before is not full.
+    assert scrapes(load(0, 16), load(1, 3), load(4, 3)) < 2
+    assert scrapes(load(0, 16), load(1, 16), load(4, 16)) >= 2
+
+
+def test_an_engine_that_reports_a_routers_limit_has_its_batch_learned() -> None:
+    """TGI's /info says 128 (its router's limit) while it batches 32: the slots the lanes
+    share become the 32 it runs when full, and grow again while it runs all of them
+    with none waiting (a batch bounded by KV tokens is larger for smaller requests)."""
+    from gateway.upstream.sizing import BATCH_PROBE_SCRAPES
+    from gateway.upstream.telemetry import BackendFacts
+
+    sizer, scheduler = sizer_with_slots(None)
+    backend = sizer.pool.backends[0]
+    told = BackendFacts(engine="tgi", slots=128)
+    sizer.apply_facts(backend, told)
+    assert backend.max_concurrency == 128
+    sizer.apply_load(backend, load(0, 20))
+    sizer.apply_load(backend, load(3, 32))
+    backend.in_flight = 35
+    sizer.apply_load(backend, load(3, 32))
+    assert backend.max_concurrency == 32
+    sizer.refit()
+    assert scheduler.lane(sizer.settings.lanes[-1].name).capacity == 32
+    # Its facts asked again do not undo what was learned.
+    sizer.apply_facts(backend, BackendFacts(engine="tgi", slots=128, context_tokens=4096))
+    assert backend.max_concurrency == 32
+    # Running all 32 with none waiting, scrape after scrape: one more eighth is tried.
+    for _ in range(BATCH_PROBE_SCRAPES):
+        sizer.apply_load(backend, load(0, 32))
+    assert backend.max_concurrency == 36
+
+
+def test_configured_slots_are_never_learned_over() -> None:
+    sizer, _ = sizer_with_slots(64)
+    backend = sizer.pool.backends[0]
+    for _ in range(3):
+        sizer.apply_load(backend, load(3, 30))
+    assert backend.max_concurrency == 64
 
 
 def test_no_deadline_refusal_rests_on_figures_not_learned() -> None:
