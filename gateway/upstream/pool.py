@@ -188,6 +188,8 @@ class Backend:
     #: The budget is one long prompt's prefill at this backend's learned rate (at most
     #: `MAX_AUTO_PREFILL_BUDGET_S`), refitted by the sizer as both change.
     prefill_budget_auto: bool = False
+    #: The long prompt the automatic budget was last fitted to (the sizer's, each round).
+    budget_long_tokens: int = PRIOR_LONG_PROMPT_TOKENS
     weight: float = 1.0
     api_key: str | None = None
     priority_field: bool = False
@@ -279,8 +281,15 @@ class Backend:
         matrix: 3-4x the floor at 80% load); on a CPU one long prompt is over it and
         goes alone, as before."""
         if self.prefill_budget_auto:
+            self.budget_long_tokens = long_prompt_tokens
             own = self.model.prefill_s(long_prompt_tokens)
             self.prefill_budget_s = min(MAX_AUTO_PREFILL_BUDGET_S, own)
+
+    def refit_prefill_budget(self) -> None:
+        """The automatic budget again at once after a request taught the prefill rate,
+        not at the next health round: an H100 learned in its first second kept the
+        prior's 0.5 s for five, and prefilled six long prompts beside each short one."""
+        self.fit_prefill_budget(self.budget_long_tokens)
 
     @property
     def auth_headers(self) -> dict[str, str] | None:
