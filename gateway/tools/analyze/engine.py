@@ -312,9 +312,18 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         if row["queued"] > SLOT_QUEUED_SHARE * row["with_engine_queue_ms"]
     ]
     first_queued = min(queueing) if queueing else None
+    # A full batch admits no more without a queue: requests sent at a higher count that
+    # all started at once say the queue was not for a place in it (vLLM on an H100,
+    # prefill-heavy: 3 of 16 queued at 28 in flight behind prefill chunks, 0 of 5 at 29).
+    unqueued_above = [
+        c for c, row in judged.items() if first_queued is not None and c > first_queued
+        and not row["queued"]
+    ]  # fmt: skip
     free = [c for c in judged if first_queued is not None and c < first_queued]
-    advised = max(free) if free else None
-    ran = engine_ran(spans, interference | unseated) if first_queued is not None else None
+    advised = max(free) if free and not unqueued_above else None
+    ran = None
+    if first_queued is not None and not unqueued_above:
+        ran = engine_ran(spans, interference | unseated)
     basis = None
     if advised is not None:
         basis = f"none queued in the engine at ≤ {advised} in flight, queued from {first_queued}"
@@ -337,6 +346,12 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         )
     elif first_queued is None:
         note = "no in-flight count queued in the engine"
+    elif unqueued_above:
+        note = (
+            f"requests queued in the engine at {first_queued} in flight but none at "
+            f"{min(unqueued_above)}: not for a place in its batch (behind other prompts' "
+            "prefill)"
+        )
     elif advised is None and first_queued == 1:
         note = "requests queued in the engine even when sent alone (is it shared with others?)"
     elif advised is None:
