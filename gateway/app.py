@@ -326,8 +326,17 @@ async def _stop_tracing(app: web.Application) -> None:
         state.events.warning("tracing_flush_timeout", hint="the span collector did not answer")
 
 
+#: After the drain deadline, how long the requests cut there have to end (their last
+#: event written, their slot and its lease in Redis given back).
+CUT_GRACE_S = 2.0
+
+
 async def drain(app: web.Application, timeout_s: float) -> int:
-    """SIGTERM: refuse new work, send the queued away, let in-flight streams finish.
+    """SIGTERM: refuse new work (`/readyz` fails at once, so a load balancer stops
+    sending), send the queued away, let in-flight streams finish; at `timeout_s` cut
+    those still running, each with a last `shutting_down` event, so that their slots
+    (with [redis], their leases) are given back now rather than when the process is
+    killed (the other replicas would then wait for the lease TTL).
 
     Returns how many requests were still in flight when the time ran out.
     """
@@ -335,9 +344,31 @@ async def drain(app: web.Application, timeout_s: float) -> int:
     state.draining = True
     refused = sum(each.scheduler.fail_waiting(shutting_down()) for each in state.pools.pools)
     state.events.info("draining", queued_refused=refused, in_flight=state.in_flight)
+    await _until_idle(state, timeout_s)
+    left = state.in_flight
+    if left:
+        cut = cut_running(state)
+        state.events.warning("drain_deadline", in_flight=left, cut=cut, deadline_s=timeout_s)
+        await _until_idle(state, CUT_GRACE_S)
+    return left
+
+
+def cut_running(state: GatewayState) -> int:
+    """End every request on a backend here (`relay.Watchdog.shut_down`); how many."""
+    watchdogs = [
+        watchdog
+        for each in state.pools.pools
+        for backend in each.pool.backends
+        for watchdog in list(backend.streams)
+    ]
+    for watchdog in watchdogs:
+        watchdog.shut_down()
+    return len(watchdogs)
+
+
+async def _until_idle(state: GatewayState, timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     # Polling for a few seconds at shutdown is simpler than an event on every release.
     while state.in_flight and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
-    return state.in_flight

@@ -41,6 +41,8 @@ SIMULATOR_START_TIMEOUT_S = 20.0
 #: and a 27 ms full pass); at 10,000 the same run had one. Cycles are still collected:
 #: 10,000 young objects are about a megabyte.
 GC_YOUNG_THRESHOLD = 10_000
+#: At shutdown, after the drain: the longest a request's handler may still take.
+SHUTDOWN_GRACE_S = 5.0
 #: The distribution name in pyproject.toml, whose metadata holds the version.
 PACKAGE = "llm-tail-gateway"
 
@@ -239,7 +241,10 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
 
     # handler_cancellation: a client that goes away cancels its handler at once (and so
     # the backend request).
-    runner = web.AppRunner(app, handler_cancellation=True)
+    # shutdown_timeout: after `drain` (which cut what was still running at its deadline),
+    # how long a handler left may take before it is cancelled (aiohttp's 60 s would keep a
+    # pod past its grace period, and its slot leases past their TTL).
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     server = settings.server
     # The site builds the client connections (http/door.py: the header deadline), so it

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
 from gateway.scheduling.fairness import FairQueue, TokenCost
-from gateway.scheduling.headroom import ArrivalRate, slots_needed
+from gateway.scheduling.headroom import ArrivalRate, headroom_slots
 from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
@@ -191,7 +191,7 @@ class LaneState:
     #: Its recent arrivals (admitted or not: its demand).
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)
     #: Its demand in slots (arrival rate x slot hold), and the slots that demand needs
-    #: (`headroom.slots_needed`), as of its latest arrival or release.
+    #: (`headroom.headroom_slots`), as of its latest arrival or release.
     demand_slots: float = 0.0
     headroom: int = 0
 
@@ -735,7 +735,7 @@ class Scheduler:
         release (its rate, its hold time or both changed)."""
         hold = lane.hold_ewma_s
         lane.demand_slots = 0.0 if hold is None else lane.arrivals.per_s(now) * hold
-        lane.headroom = slots_needed(
+        lane.headroom = headroom_slots(
             lane.demand_slots,
             min(lane.slot_limit, lane.capacity),
             lane.settings.headroom_wait_probability,

@@ -10,13 +10,19 @@ llama.cpp server in the engine matrix, requests the engine served a moment later
 from __future__ import annotations
 
 import io
+import time
 
 import msgspec
 
 from gateway.app import build_pools
 from gateway.config import BackendSettings, load_settings
 from gateway.observability.logs import make_logger
-from gateway.upstream.pool import MAX_AUTO_PREFILL_BUDGET_S, Backend
+from gateway.upstream.pool import (
+    MAX_AUTO_PREFILL_BUDGET_S,
+    MIN_AUTO_PREFILL_BUDGET_TOKENS,
+    Backend,
+    BackendPool,
+)
 from gateway.upstream.sizing import _Known, _queued_scrapes
 from gateway.upstream.telemetry import EngineLoad
 
@@ -150,3 +156,23 @@ def test_no_deadline_refusal_rests_on_figures_not_learned() -> None:
         backend.model.observe_ttft(1500, 0, 0.02 + 1500 / 20_000)
     sizer.refit()
     assert scheduler.lane(short.name).deadline_s == short.queue_timeout_s
+
+
+def test_short_prompts_alone_prefill_together_not_one_at_a_time() -> None:
+    """Traffic of short prompts only: "a long prompt" is one of them, and the automatic
+    budget was one of their prefills, so each waited for the one before's first byte
+    (64 arriving together: the last one 63 first bytes late). The budget is at least
+    MIN_AUTO_PREFILL_BUDGET_TOKENS' prefill, and riding prompts count by their tokens."""
+    backend = Backend.from_settings(BackendSettings(url="http://b.invalid", name="b"))
+    backend.max_concurrency = 256
+    backend.fit_prefill_budget(11)  # every prompt seen was 11 tokens
+    assert backend.prefill_budget_s >= backend.model.prefill_s(MIN_AUTO_PREFILL_BUDGET_TOKENS)
+    pool = BackendPool([backend], clock=time.monotonic)
+    slots = []
+    while (slot := pool.try_take("interactive", 11)) is not None and len(slots) < 64:
+        slots.append(slot)
+    assert len(slots) >= 48  # within one budget of their tokens (it was 1, then 4)
+    assert backend.riding_tokens == len(slots) * 11
+    for slot in slots:
+        pool.give_back(slot)
+    assert backend.riding_tokens == 0 and backend.prefilling_tokens == 0
