@@ -1,0 +1,221 @@
+"""The config reloaded live (`gateway/reload.py`): a real gateway process, its config file
+rewritten, then SIGHUP or POST /admin/reload, with streams in flight.
+
+A reload applies to the requests that arrive after it; a stream in flight finishes where
+it is; a file that does not load keeps the config in force, with one warning line and a
+metric; a backend dropped by the file is drained (no new request, its stream finishes)
+and forgotten once idle, and one added gets the new requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import StartSimulator, chat, free_port, wait_ready
+from tests.helpers import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+#: 40 ms a decode step: a 60-token answer streams for about 2.5 s.
+SLOW = {"step_base_ms": 40.0, "decode_ms_per_seq": 0.5, "prefill_ms_per_token": 0.05}
+STREAM_TOKENS = 60
+
+
+@dataclass
+class Gateway:
+    url: str
+    config: Path
+    process: asyncio.subprocess.Process
+    stderr_lines: list[dict[str, Any]]
+
+    def hup(self) -> None:
+        self.process.send_signal(signal.SIGHUP)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [line for line in self.stderr_lines if line.get("event") == name]
+
+
+StartGateway = Callable[[str], Any]
+
+
+@pytest.fixture
+async def gateway_process(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> AsyncIterator[StartGateway]:
+    """`python -m gateway serve --config <file>` with the given TOML; its stderr's JSON
+    lines collected as they come."""
+    started: list[tuple[asyncio.subprocess.Process, asyncio.Task[None]]] = []
+
+    async def start(toml: str) -> Gateway:
+        config = tmp_path / "gateway.toml"
+        config.write_text(toml)
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway", "serve", "--config", str(config),
+            "--port", str(port),
+            cwd=ROOT, env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        lines: list[dict[str, Any]] = []
+        reader = asyncio.create_task(_collect(process, lines))
+        started.append((process, reader))
+        gateway = Gateway(f"http://127.0.0.1:{port}", config, process, lines)
+        await wait_ready(http, gateway.url, timeout_s=30)
+        return gateway
+
+    yield start
+    for process, reader in started:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        reader.cancel()
+
+
+async def _collect(process: asyncio.subprocess.Process, lines: list[dict[str, Any]]) -> None:
+    assert process.stderr is not None
+    async for raw in process.stderr:
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            lines.append({"event": "text", "text": raw.decode(errors="replace")})
+
+
+async def metric(http: aiohttp.ClientSession, url: str, name: str) -> float | None:
+    """One sample of /metrics (name with its labels, as exposed), None when absent."""
+    async with http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return None if found is None else float(found.group(1))
+
+
+async def reloads(http: aiohttp.ClientSession, url: str, result: str) -> float:
+    return await metric(http, url, f'gateway_config_reloads_total{{result="{result}"}}') or 0.0
+
+
+async def whole_stream(resp: aiohttp.ClientResponse) -> str:
+    """The streamed answer's text, checked whole (one finish_reason, [DONE] last)."""
+    body = (await resp.read()).decode()
+    events = [block[6:] for block in body.split("\n\n") if block.startswith("data: ")]
+    assert events[-1] == "[DONE]", body[-300:]
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert not any("error" in chunk for chunk in chunks), body[-300:]
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")]
+    assert [f for f in finishes if f] == ["length"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def one_lane(sim: str, max_slots: int, extra: str = "") -> str:
+    return (
+        f'[[backends]]\nname = "sim"\nurl = "{sim}"\nmax_concurrency = 4\n\n'
+        f'[[lanes]]\nname = "only"\nmax_slots = {max_slots}\nmax_queue_depth = 0\n'
+        "reject_predicted_wait = false\n" + extra
+    )
+
+
+async def test_a_reload_changes_a_lanes_limit_for_the_next_request_while_a_stream_finishes(
+    start_simulator_at: StartSimulator, http: aiohttp.ClientSession, gateway_process: Any
+) -> None:
+    sim = await start_simulator_at(**SLOW)
+    gateway = await gateway_process(one_lane(sim, max_slots=1))
+    chat_url = gateway.url + "/v1/chat/completions"
+    stream = await http.post(chat_url, json=chat(max_tokens=STREAM_TOKENS, stream=True))
+    assert stream.status == 200
+    # The lane's one slot is the stream's, and it queues nobody: the next is refused.
+    async with http.post(chat_url, json=chat(max_tokens=2)) as resp:
+        assert resp.status == 429
+        assert (await resp.json())["error"]["code"] == "queue_full"
+
+    gateway.config.write_text(
+        one_lane(sim, max_slots=2, extra="\n[tokenizer]\noffload_min_chars = 1000\n")
+    )
+    gateway.hup()
+    await eventually(lambda: gateway.events("config_reloaded"), within_s=10)
+
+    async with http.post(chat_url, json=chat(max_tokens=2)) as resp:
+        assert resp.status == 200  # the new limit, while the stream still runs
+    assert not stream.content.at_eof()
+    assert len((await whole_stream(stream)).split()) > 0
+    line = gateway.events("config_reloaded")[0]
+    assert line["reason"] == "sighup"
+    assert line["changed"] == ["lanes"]  # what cannot change live is said, not applied:
+    assert line["not_applied"] == ["tokenizer"]
+    assert "restart" in line["hint"]
+    assert await reloads(http, gateway.url, "ok") == 1
+
+
+async def test_a_file_that_does_not_load_keeps_the_config_in_force(
+    start_simulator_at: StartSimulator, http: aiohttp.ClientSession, gateway_process: Any
+) -> None:
+    sim = await start_simulator_at(**SLOW)
+    gateway = await gateway_process(one_lane(sim, max_slots=1))
+    chat_url = gateway.url + "/v1/chat/completions"
+    gateway.config.write_text(one_lane(sim, max_slots=0) + "max_promt_tokens = 5\n")
+    gateway.hup()
+    await eventually(lambda: gateway.events("config_reload_failed"), within_s=10)
+    failed = gateway.events("config_reload_failed")[0]
+    assert "max_slots" in failed["error"] and "max_promt_tokens" in failed["error"]
+    assert "unchanged" in failed["hint"]
+    assert await reloads(http, gateway.url, "failed") == 1
+    assert await metric(http, gateway.url, "gateway_config_last_reload_successful") == 0
+
+    gateway.config.write_text("this is [not TOML")
+    async with http.post(gateway.url + "/admin/reload") as resp:  # loopback: allowed
+        assert resp.status == 422
+        answer = await resp.json()
+    assert answer["result"] == "failed" and "not valid TOML" in answer["error"]
+    # The old config serves: one slot, nobody queued.
+    stream = await http.post(chat_url, json=chat(max_tokens=STREAM_TOKENS, stream=True))
+    async with http.post(chat_url, json=chat(max_tokens=2)) as resp:
+        assert resp.status == 429
+    await whole_stream(stream)
+
+
+async def test_a_reload_drains_a_dropped_backend_and_sends_new_requests_to_the_added_one(
+    start_simulator_at: StartSimulator, http: aiohttp.ClientSession, gateway_process: Any
+) -> None:
+    first, second = await start_simulator_at(**SLOW), await start_simulator_at(**SLOW)
+    backend = '[[backends]]\nname = "{name}"\nurl = "{url}"\nmax_concurrency = 4\n'
+    gateway = await gateway_process(backend.format(name="first", url=first))
+    chat_url = gateway.url + "/v1/chat/completions"
+    streams = [
+        await http.post(chat_url, json=chat(max_tokens=STREAM_TOKENS, stream=True))
+        for _ in range(3)
+    ]
+    gateway.config.write_text(backend.format(name="second", url=second))
+    async with http.post(gateway.url + "/admin/reload") as resp:
+        assert resp.status == 200
+        answer = await resp.json()
+    assert answer["joined"] == ["second"] and answer["left"] == ["first"]
+
+    async def backends() -> dict[str, Any]:
+        async with http.get(gateway.url + "/debug/backends") as resp:
+            return {b["name"]: b for b in (await resp.json())["backends"]}
+
+    described = await backends()
+    assert described["first"]["leaving"] and described["first"]["in_flight"] == 3
+    fresh = [await http.post(chat_url, json=chat(max_tokens=4)) for _ in range(4)]
+    assert [r.status for r in fresh] == [200] * 4
+    for resp in fresh:
+        resp.release()
+    for stream in streams:  # the dropped backend's streams finish there, whole
+        await whole_stream(stream)
+    async with http.get(second + "/sim/stats") as resp:
+        assert (await resp.json())["received"] == 4
+    # Idle, the dropped backend is forgotten.
+    async def forgotten() -> bool:
+        return "first" not in await backends()
+
+    await eventually(forgotten, within_s=10)
+    assert gateway.events("backend_left")[0]["backend"] == "first"
