@@ -297,7 +297,7 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
         "gateway_started",
         event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
         url=f"http://{settings.server.host}:{settings.server.port}",
-        backends=[b.url for b in settings.backends],
+        backends=[b.url or f"dns:{b.dns}" for b in settings.backends],
         lanes=[lane.name for lane in settings.lanes],
     )
     stop = asyncio.Event()

@@ -22,7 +22,8 @@ DNS_PATTERN = r"^([A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?:[0-9]{1,5})?$"
 
 
 class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    url: Annotated[str, rule("be http(s)://host:port", pattern=r"(?i)^https?://[^/?#\s]+")] = ""
+    #: The server's base URL (empty: the entry has a `dns` name instead).
+    url: Annotated[str, rule("be http(s)://host:port", pattern=r"(?i)^(https?://[^/?#\s]+|$)")] = ""
     #: Instead of `url`: a DNS name and port whose A/AAAA records are the servers (a
     #: Kubernetes headless Service, `tgi.models.svc.cluster.local:80`), re-resolved every
     #: [discovery] interval_s: each address is a backend of its own, named
