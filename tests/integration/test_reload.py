@@ -9,6 +9,7 @@ and forgotten once idle, and one added gets the new requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,7 @@ async def whole_stream(resp: aiohttp.ClientResponse) -> str:
 def one_lane(sim: str, max_slots: int, extra: str = "") -> str:
     return (
         f'[[backends]]\nname = "sim"\nurl = "{sim}"\nmax_concurrency = 4\n\n'
-        f'[[lanes]]\nname = "only"\nmax_slots = {max_slots}\nmax_queue_depth = 0\n'
+        f'[[lanes]]\nname = "only"\nmax_slots = {max_slots}\nmax_queue_depth = 1\n'
         "reject_predicted_wait = false\n" + extra
     )
 
@@ -57,19 +58,24 @@ async def test_a_reload_changes_a_lanes_limit_for_the_next_request_while_a_strea
     chat_url = gateway.url + "/v1/chat/completions"
     stream = await http.post(chat_url, json=chat(max_tokens=STREAM_TOKENS, stream=True))
     assert stream.status == 200
-    # The lane's one slot is the stream's, and it queues nobody: the next is refused.
+    # The lane's one slot is the stream's: the next request queues, the one after is refused.
+    queued = asyncio.create_task(http.post(chat_url, json=chat(max_tokens=2)))
+    await asyncio.sleep(0.3)
     async with http.post(chat_url, json=chat(max_tokens=2)) as resp:
         assert resp.status == 429
         assert (await resp.json())["error"]["code"] == "queue_full"
+    assert not queued.done()
 
     gateway.config.write_text(
-        one_lane(sim, max_slots=2, extra="\n[tokenizer]\noffload_min_chars = 1000\n")
+        one_lane(sim, max_slots=3, extra="\n[tokenizer]\noffload_min_chars = 1000\n")
     )
     gateway.hup()
     await eventually(lambda: gateway.events("config_reloaded"), within_s=10)
 
     async with http.post(chat_url, json=chat(max_tokens=2)) as resp:
         assert resp.status == 200  # the new limit, while the stream still runs
+    async with await asyncio.wait_for(queued, 5) as resp:  # the queued one was served too
+        assert resp.status == 200
     assert not stream.content.at_eof()
     assert len((await whole_stream(stream)).split()) > 0
     line = gateway.events("config_reloaded")[0]
@@ -100,11 +106,15 @@ async def test_a_file_that_does_not_load_keeps_the_config_in_force(
         assert resp.status == 422
         answer = await resp.json()
     assert answer["result"] == "failed" and "not valid TOML" in answer["error"]
-    # The old config serves: one slot, nobody queued.
+    # The old config serves: one slot, one queued, the next refused.
     stream = await http.post(chat_url, json=chat(max_tokens=STREAM_TOKENS, stream=True))
+    queued = asyncio.create_task(http.post(chat_url, json=chat(max_tokens=2)))
+    await asyncio.sleep(0.3)
     async with http.post(chat_url, json=chat(max_tokens=2)) as resp:
         assert resp.status == 429
     await whole_stream(stream)
+    async with await queued as resp:
+        assert resp.status == 200
 
 
 async def test_a_reload_drains_a_dropped_backend_and_sends_new_requests_to_the_added_one(
