@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec.structs import replace
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config import DEFAULT_MAX_CONCURRENCY, BackendSettings, LaneSettings, Settings
@@ -137,7 +138,8 @@ class Membership:
                 continue
             key = pool_key(want.models)
             if key not in pools:
-                pools[key] = await self.make_pool(key, [], settings)
+                # Made empty (an entry without URL only says what it serves): it joins next.
+                pools[key] = await self.make_pool(key, [replace(want, url="")], settings)
                 members[key] = []
             returning = self._returning(pools[key], want)
             if returning is not None:  # left, not idle yet, and wanted again: it stays

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.config import BackendSettings, HealthSettings, Settings, validate
 from tests.conftest import StartSimulator, chat
 from tests.helpers import eventually
 from tests.integration.conftest import metric
@@ -155,3 +156,44 @@ async def test_a_reload_drains_a_dropped_backend_and_sends_new_requests_to_the_a
 
     await eventually(forgotten, within_s=10)
     assert gateway.events("backend_left")[0]["backend"] == "first"
+
+
+async def test_a_reload_makes_a_pool_for_new_models_and_drops_one_left_empty(
+    start_simulator_at: StartSimulator, start_gateway: Any, http: aiohttp.ClientSession
+) -> None:
+    alpha, beta = await start_simulator_at(), await start_simulator_at()
+
+    def serving(*backends: tuple[str, str]) -> Settings:
+        return validate(
+            Settings(
+                backends=[
+                    BackendSettings(url=url, name=model, models=[model], max_concurrency=4)
+                    for model, url in backends
+                ],
+                health=HealthSettings(probe_on_start=False),
+            )
+        )
+
+    gateway = await start_gateway([], configure=lambda _: serving(("alpha", alpha)))
+    reloader = gateway.state.reloader
+    chat_url = gateway.url + "/v1/chat/completions"
+    async with http.post(chat_url, json=chat(model="beta", max_tokens=2)) as resp:
+        assert resp.status == 404
+
+    reloader.load = lambda: serving(("alpha", alpha), ("beta", beta))
+    result = await reloader.reload("test")
+    assert result.ok and result.changes.joined == ["beta"]
+    async with http.post(chat_url, json=chat(model="beta", max_tokens=2)) as resp:
+        assert resp.status == 200
+        assert (await resp.json())["model"] == "beta"
+    async with http.get(beta + "/sim/stats") as resp:
+        assert (await resp.json())["received"] == 1
+
+    reloader.load = lambda: serving(("beta", beta))
+    result = await reloader.reload("test")
+    assert result.changes.left == ["alpha"]
+    await eventually(lambda: [p.name for p in gateway.state.pools.pools] == ["beta"])
+    async with http.post(chat_url, json=chat(model="alpha", max_tokens=2)) as resp:
+        assert resp.status == 404
+        assert (await resp.json())["error"]["code"] == "model_not_found"
+    assert gateway.state.pools.default.name == "beta" and gateway.state.pool.backends[0].url == beta
