@@ -44,8 +44,10 @@ def checked(settings: Settings) -> Settings:
         where = f"[[backends]] #{index + 1}"
         if backend.name in seen_backends:
             problems.append(f"{where}.name: duplicate backend name {backend.name!r}")
-        if bool(backend.url) == bool(backend.dns):
-            problems.append(f"{where}: set either url or dns (a name whose records are servers)")
+        if not backend.url and not backend.dns:
+            problems.append(f"{where}.url: must be set (or dns: a name whose records are servers)")
+        elif backend.url and backend.dns:
+            problems.append(f"{where}.dns: set url or dns, not both")
         seen_backends.add(backend.name)
     seen_lanes: set[str] = set()
     for index, lane in enumerate(s.lanes):
