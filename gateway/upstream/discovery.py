@@ -148,7 +148,8 @@ class DnsDiscovery:
         for gone in set(self.known) - set(self._entries):
             del self.known[gone]
             self._due.pop(gone, None)
-            self._addresses.remove(gone)
+            with contextlib.suppress(KeyError):  # never resolved: no series
+                self._addresses.remove(gone)
 
     def backends(self, settings: Settings) -> list[BackendSettings]:
         """The configured backends with each DNS entry replaced by its addresses: a

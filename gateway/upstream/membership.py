@@ -102,6 +102,8 @@ class Membership:
         self.on_pools_changed = on_pools_changed
         #: Backends drained for good, until idle: the task that forgets each.
         self._leaving: dict[Backend, asyncio.Task[None]] = {}
+        #: The health checks of dropped pools, being stopped (kept from the collector).
+        self._stopping: set[asyncio.Task[None]] = set()
         self._changes = Counter(
             "gateway_backend_membership_changes",
             "Backends that joined or left a pool while the gateway ran (a config reload, "
@@ -225,7 +227,9 @@ class Membership:
         dropped = [each for each in pools if not each.pool.backends] if kept else []
         for each in dropped:
             self.events.info("pool_dropped", pool=each.name)
-            asyncio.get_running_loop().create_task(each.health.stop())
+            stopping = asyncio.get_running_loop().create_task(each.health.stop())
+            self._stopping.add(stopping)
+            stopping.add_done_callback(self._stopping.discard)
         self.router.reconfigure(kept or pools[:1], settings.models, settings.limits)
         self.on_pools_changed()
 

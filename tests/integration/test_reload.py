@@ -197,3 +197,20 @@ async def test_a_reload_makes_a_pool_for_new_models_and_drops_one_left_empty(
         assert resp.status == 404
         assert (await resp.json())["error"]["code"] == "model_not_found"
     assert gateway.state.pools.default.name == "beta" and gateway.state.pool.backends[0].url == beta
+
+
+async def test_a_watched_file_is_reloaded_when_it_changes(
+    start_simulator_at: StartSimulator, http: aiohttp.ClientSession, gateway_process: Any
+) -> None:
+    sim = await start_simulator_at()
+    watched = "\n[discovery]\nwatch_config_s = 0.2\n"
+    gateway = await gateway_process(one_lane(sim, max_slots=1, extra=watched))
+    await asyncio.sleep(0.5)
+    assert not gateway.events("config_reloaded")  # nothing changed: nothing reloaded
+    gateway.config.write_text(one_lane(sim, max_slots=2, extra=watched))
+    await eventually(lambda: gateway.events("config_reloaded"), within_s=10)
+    line = gateway.events("config_reloaded")[0]
+    assert line["reason"] == "file_changed" and line["changed"] == ["lanes"]
+    async with http.get(gateway.url + "/debug/backends") as resp:
+        lanes = (await resp.json())["lanes"]
+    assert [lane["slot_limit"] for lane in lanes] == [2]
