@@ -13,7 +13,7 @@ from gateway.config.constraints import PositiveFloat, rule
 
 class DiscoverySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Where the backends are when the config names them by DNS, and how often the config
-    file itself is looked at again (`live/`)."""
+    file itself is looked at again (`reload.py`)."""
 
     #: Seconds between two resolutions of each `[[backends]] dns` name; sooner when the
     #: records' TTL is shorter (never under a second). A Kubernetes headless Service's
