@@ -230,14 +230,7 @@ class Scheduler:
             for lane in lanes
         ]
         self._by_name = {lane.name: lane for lane in self._lanes}
-        for index, lane in enumerate(self._lanes):
-            lane.higher = [
-                other
-                for other in self._lanes[:index]
-                if competes is None or competes(lane.name, other.name)
-            ]
-            for other in lane.higher:
-                other.lower.append(lane)
+        self._link(competes)
         self._source = source
         #: The one clock of every estimate (waits, hold times, promotion ages). Only the
         #: queue timeout and the end of a deferral are loop timers: they must fire.
@@ -251,6 +244,35 @@ class Scheduler:
         self.on_waiting: Callable[[str, bool], None] | None = None
         #: What a request costs its tenant (the output weight is learned by the sizer).
         self.cost = TokenCost()
+
+    def _link(self, competes: Callable[[str, str], bool] | None) -> None:
+        """Each lane's higher lanes (those before it that share a backend) and lower ones."""
+        for lane in self._lanes:
+            lane.higher, lane.lower = [], []
+        for index, lane in enumerate(self._lanes):
+            lane.higher = [
+                other
+                for other in self._lanes[:index]
+                if competes is None or competes(lane.name, other.name)
+            ]
+            for other in lane.higher:
+                other.lower.append(lane)
+
+    def reconfigure(
+        self,
+        lanes: Sequence[LaneSettings],
+        competes: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        """A reload: the same lanes, in the same order, with new settings, for the
+        requests that arrive from now on (queue depths, timeouts, promotion; the slot
+        limits and deadlines are the sizer's `refit`). What is queued stays in line; what
+        was learned (waits, holds, demand) stays. The lanes' names and order cannot
+        change here: their queues hold requests."""
+        assert [lane.name for lane in lanes] == [lane.name for lane in self._lanes]
+        for state, settings in zip(self._lanes, lanes, strict=True):
+            state.settings = settings
+        self._link(competes)
+        self._dispatch()
 
     @property
     def lanes(self) -> list[LaneState]:

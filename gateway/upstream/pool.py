@@ -213,6 +213,9 @@ class Backend:
     #: over at the drain deadline. It ends by `undrain`, or when the backend comes back
     #: from a failed health check (a restarted engine: the rollout's new version).
     draining: bool = False
+    #: A reload or DNS dropped it (`membership.py`): drained for good, never undrained by
+    #: its health checks, forgotten once idle.
+    leaving: bool = False
     #: The relays streaming from it now, each able to hand its stream over (`Watchdog`).
     streams: set[Any] = field(default_factory=set)
     in_flight: int = 0
@@ -432,17 +435,12 @@ class BackendPool:
         routing: RoutingSettings | None = None,
         clock: Callable[[], float],
     ) -> None:
-        self.backends = backends
+        self.backends: list[Backend] = []
         self.health = health or HealthSettings()
         self.routing = routing or RoutingSettings()
-        for backend in backends:
-            backend.prefixes.capacity_tokens = self.routing.prefix_memory_tokens
         self.clock = clock
-        by_name = {b.name: b for b in backends}
-        self._lane_backends = {
-            lane: backends if names is None else [by_name[n] for n in names if n in by_name]
-            for lane, names in (lane_backends or {}).items()
-        }
+        self._lane_backends: dict[str, list[Backend]] = {}
+        self.set_members(backends, lane_backends or {})
         #: Called when a backend may have become available again (the scheduler's dispatch).
         self.on_available: Callable[[], None] = lambda: None
         #: Called when a slot's prompt leaves prefill, and when a slot is given back (the
@@ -451,6 +449,23 @@ class BackendPool:
         self.on_give_back: Callable[[Slot], None] | None = None
         #: Each LoRA adapter's last backend, so its requests stay together.
         self._adapter_home: dict[str, str] = {}
+
+    def set_members(
+        self, backends: list[Backend], lane_backends: Mapping[str, Collection[str] | None]
+    ) -> None:
+        """Its backends, and which of them each lane may use (by name; a lane not named
+        may use all). At start, and when a reload or DNS changes them (`live/`): a backend
+        that left is no longer chosen; its requests in flight still give their slots back
+        to it, the object they hold."""
+        for backend in backends:
+            if backend not in self.backends:
+                backend.prefixes.capacity_tokens = self.routing.prefix_memory_tokens
+        self.backends = list(backends)
+        by_name = {b.name: b for b in backends}
+        self._lane_backends = {
+            lane: self.backends if names is None else [by_name[n] for n in names if n in by_name]
+            for lane, names in lane_backends.items()
+        }
 
     def backends_of(self, lane: str) -> list[Backend]:
         return self._lane_backends.get(lane, self.backends)
@@ -867,7 +882,7 @@ class BackendPool:
         """The result of an active check. A drained backend that failed its check and
         passes again was restarted (the new version of a rollout): it serves again."""
         came_back = healthy and not backend.healthy
-        if came_back:
+        if came_back and not backend.leaving:
             backend.draining = False
         if not healthy:
             backend.prefixes.clear()  # down (maybe restarting): its cache is gone

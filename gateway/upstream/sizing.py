@@ -28,6 +28,7 @@ it from there. A backend that answers none of this is simply not sized by it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,8 @@ class _Known:
     peak_running: int = 0
     #: Scrapes in a row it ran all of `batch` with none waiting (`BATCH_PROBE_SCRAPES`).
     batch_full_scrapes: int = 0
+    #: Its facts were asked for once (a backend that joined since is asked at once).
+    asked: bool = False
 
 
 def _queued_scrapes(known: _Known, load: EngineLoad) -> int:
@@ -130,7 +133,8 @@ class BackendSizer:
         self.limits_in_force = settings.limits
         #: The same for the caps of models with their own (`[[models]] limits`).
         self._in_force: dict[LimitsSettings, LimitsSettings] = {}
-        self._known = {backend.name: _Known() for backend in pool.backends}
+        #: By backend name; one that joins later (a reload, DNS) gets its entry then.
+        self._known: defaultdict[str, _Known] = defaultdict(_Known)
         self._rounds = 0
         #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
         self.floors: dict[str, float] = {}
@@ -141,6 +145,12 @@ class BackendSizer:
         #: rate): from then until the rate is learned, the deadlines are provisional.
         self._sent_unpredictable = False
         self.refit(quiet=True)
+
+    def reconfigure(self, settings: Settings) -> None:
+        """A reload: the caps, lanes and routing in force from now on (`refit` follows)."""
+        self.settings = settings
+        self.limits_in_force = self.limits()
+        self._in_force.clear()
 
     def note_prompt(self, lane: str, prompt_tokens: int) -> None:
         """A request of `lane` with this prompt is about to queue: its size is a sample of
@@ -165,10 +175,12 @@ class BackendSizer:
 
     async def _round(self, questions: BackendQuestions) -> None:
         facts_round = self._rounds % FACTS_EVERY_ROUNDS == 0
-        if facts_round:
-            for backend in self.pool.backends:
+        for backend in list(self.pool.backends):
+            known = self._known[backend.name]
+            if facts_round or not known.asked:
+                known.asked = True
                 self.apply_facts(backend, await questions.facts(backend))
-        for backend in self.pool.backends:
+        for backend in list(self.pool.backends):
             known = self._known[backend.name]
             if not facts_round and self._serves_lora(known):
                 listed = await questions.adapters(backend)
@@ -217,6 +229,10 @@ class BackendSizer:
             backend.lora.note_scrape((), (), None, scraped_at)
         else:
             backend.lora.note_scrape(lora.running, lora.waiting, lora.max_lora, scraped_at)
+
+    def forget(self, name: str) -> None:
+        """A backend left the pool for good (a reload dropped it, DNS no longer lists it)."""
+        self._known.pop(name, None)
 
     def facts_of(self, backend: Backend) -> BackendFacts | None:
         return self._known[backend.name].facts
@@ -523,6 +539,7 @@ class BackendSizer:
                     else ("engine" if facts and facts.slots else "default"),
                     "in_flight": backend.in_flight,
                     "draining": backend.draining,
+                    "leaving": backend.leaving,
                     "prefilling_s": round(backend.prefilling_s, 3),
                     "engine": None if facts is None else facts.engine,
                     "context_tokens": None if facts is None else facts.context_tokens,
