@@ -10,6 +10,8 @@ a reader never sees half of one), and read back at start:
 - a backend is known by its URL; figures older than `MAX_AGE_S` are left unread;
 - restored figures count as learned, but as a few samples: the backend's own traffic
   outvotes them within a few requests (`BackendModel.restore`);
+- the batch its engine was seen to run when full (`Backend.engine_batch`: TGI's, below
+  the router's limit it reports) is kept with them;
 - the engine's facts (kind, model, slots, prefill) are kept beside them, and when the
   first health round finds other facts at that URL (a new engine version, another
   model, another machine), the figures are dropped and learned anew (`check_facts`).
@@ -97,6 +99,9 @@ class LearnedState:
             if not 0 <= age <= MAX_AGE_S:
                 continue
             backend.model.restore(entry["figures"])
+            batch = entry.get("batch")
+            if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+                backend.engine_batch = batch
             self._restored_facts[backend.url] = entry.get("facts")
             restored += 1
             self.events.info(
@@ -117,6 +122,7 @@ class LearnedState:
         now = fingerprint(facts)
         if before is not None and before != now:
             backend.model.forget()
+            backend.engine_batch = None
             self.events.warning(
                 "backend_changed",
                 backend=backend.name,
@@ -161,6 +167,8 @@ class LearnedState:
                     "figures": figures,
                     "facts": fingerprint(facts.get(backend.name)),
                 }
+                if backend.engine_batch is not None:
+                    saved[backend.url]["batch"] = backend.engine_batch
         saved = {
             url: entry
             for url, entry in saved.items()

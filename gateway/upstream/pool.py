@@ -241,6 +241,10 @@ class Backend:
     engine_kv_usage: float | None = None
     #: While the engine reports a queue: the most requests it actually runs of ours.
     engine_limit: int | None = None
+    #: The most requests its engine was seen to run while others waited inside it: its
+    #: batch, where the slots it reports are a router's limit (TGI's 128; `sizing`), kept
+    #: across a restart with the learned figures. None: not seen.
+    engine_batch: int | None = None
     #: The mean split of the requests that ended in its engine's latest histogram window
     #: (vLLM, SGLang), and the mean prompt tokens it prefilled of those the gateway saw
     #: end in it (`engine_timings.prefill_scale`); None: no such window.

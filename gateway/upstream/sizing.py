@@ -79,13 +79,11 @@ class _Known:
     queued_running: float | None = None
     logged_prefill_rate: float = 0.0
     logged_token_ratio: float = 1.0
-    #: The most requests the engine was seen to run while others waited inside it: its
-    #: batch, where its reported slots are a router's limit (TGI's 128); None: not seen.
-    batch: int | None = None
     #: The most requests it was ever seen to run (a queue below that is not for want of
     #: room in its batch).
     peak_running: int = 0
-    #: Scrapes in a row it ran all of `batch` with none waiting (`BATCH_PROBE_SCRAPES`).
+    #: Scrapes in a row it ran all of its learned batch with none waiting
+    #: (`BATCH_PROBE_SCRAPES`).
     batch_full_scrapes: int = 0
     #: Its facts were asked for once (a backend that joined since is asked at once).
     asked: bool = False
@@ -246,7 +244,7 @@ class BackendSizer:
             self.learned_state.check_facts(backend, facts)
         backend.lora.note_listed(facts.adapters or ())
         if facts.slots and not backend.concurrency_configured:
-            backend.max_concurrency = min(facts.slots, known.batch or facts.slots)
+            backend.max_concurrency = min(facts.slots, backend.engine_batch or facts.slots)
         backend.engine_context_tokens = facts.context_tokens
         if not backend.engine_configured:
             backend.engine = facts.engine
@@ -351,18 +349,19 @@ class BackendSizer:
         running = int(load.running)
         full = known.queued_scrapes >= QUEUED_SCRAPES_TO_HOLD
         if full and 0 < running < backend.max_concurrency:
-            known.batch = backend.max_concurrency = running
+            backend.engine_batch = backend.max_concurrency = running
             known.batch_full_scrapes = 0
             self.events.info("engine_batch_learned", backend=backend.name, slots=running)
             return
-        if known.batch is None or running < known.batch or (load.waiting or 0) >= 1:
+        batch = backend.engine_batch
+        if batch is None or running < batch or (load.waiting or 0) >= 1:
             known.batch_full_scrapes = 0
             return
         known.batch_full_scrapes += 1
         reported = known.facts.slots if known.facts is not None else None
-        if known.batch_full_scrapes >= BATCH_PROBE_SCRAPES and (reported or 0) > known.batch:
-            more = known.batch + max(1, known.batch // 8)
-            known.batch = backend.max_concurrency = min(reported or more, more)
+        if known.batch_full_scrapes >= BATCH_PROBE_SCRAPES and (reported or 0) > batch:
+            more = batch + max(1, batch // 8)
+            backend.engine_batch = backend.max_concurrency = min(reported or more, more)
             known.batch_full_scrapes = 0
 
     def _apply_window(self, backend: Backend, known: _Known, load: EngineLoad) -> None:

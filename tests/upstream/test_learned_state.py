@@ -136,3 +136,26 @@ async def test_with_redis_a_replica_starts_from_what_the_fleet_learned(redis_ser
     finally:
         for store in stores:
             await store.close()
+
+
+def test_an_engines_learned_batch_survives_a_restart_and_goes_with_the_engine(
+    tmp_path: Path,
+) -> None:
+    """TGI reports its router's limit (128) and batches 32: a restarted gateway sends it
+    32 at once from the start, not 128 until the engine is seen full again."""
+    tgi = BackendFacts(engine="tgi", slots=128, model="org/model")
+    clock, path = Clock(), tmp_path / "learned.json"
+    before = slow_cpu(backend())
+    before.engine_batch = 32
+    assert state(path, clock).save([before], {"cpu": tgi})
+    after = backend()
+    restored = state(path, clock)
+    assert restored.restore([after]) == 1
+    assert after.engine_batch == 32
+    restored.check_facts(after, tgi)  # the same engine: kept
+    assert after.engine_batch == 32
+    other = backend()
+    again = state(path, clock)
+    again.restore([other])
+    again.check_facts(other, BackendFacts(engine="tgi", slots=128, model="org/other"))
+    assert other.engine_batch is None  # another model there: learned anew

@@ -130,6 +130,16 @@ def test_an_engine_that_reports_a_routers_limit_has_its_batch_learned() -> None:
     assert backend.max_concurrency == 36
 
 
+def test_a_batch_restored_from_the_state_file_is_in_force_from_the_first_facts() -> None:
+    from gateway.upstream.telemetry import BackendFacts
+
+    sizer, _ = sizer_with_slots(None)
+    backend = sizer.pool.backends[0]
+    backend.engine_batch = 32  # as `LearnedState.restore` leaves it
+    sizer.apply_facts(backend, BackendFacts(engine="tgi", slots=128))
+    assert backend.max_concurrency == 32
+
+
 def test_configured_slots_are_never_learned_over() -> None:
     sizer, _ = sizer_with_slots(64)
     backend = sizer.pool.backends[0]
