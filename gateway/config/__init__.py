@@ -31,7 +31,12 @@ the warnings of `check-config`). Import from here: `from gateway.config import S
 
 from __future__ import annotations
 
-from gateway.config.backends import DEFAULT_MAX_CONCURRENCY, BackendSettings, EngineKind
+from gateway.config.backends import (
+    DEFAULT_MAX_CONCURRENCY,
+    BackendSettings,
+    EngineKind,
+    ServesMode,
+)
 from gateway.config.checks import consistency_warnings
 from gateway.config.constraints import (
     ConfigError,
@@ -64,6 +69,7 @@ __all__ = [
     "ConfigError",
     "DEFAULT_MAX_CONCURRENCY",
     "EngineKind",
+    "ServesMode",
     "ENV_PREFIX",
     "HealthSettings",
     "KeyPath",

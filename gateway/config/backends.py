@@ -12,6 +12,9 @@ from gateway.config.constraints import Positive, PositiveFloat, rule
 #: The engines whose way of continuing an answer the gateway knows (`dialects/`).
 EngineKind = Literal["vllm", "sglang", "llama.cpp", "tgi"]
 
+#: Which names a backend without `models` serves (`upstream/served.py`).
+ServesMode = Literal["auto", "listed", "any"]
+
 #: Slots of a backend whose config does not set them and whose engine does not say.
 DEFAULT_MAX_CONCURRENCY = 8
 
@@ -39,10 +42,17 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     priority_field: bool = False
     #: The model names it serves. Backends with the same list form one pool (their own
     #: queues and slots); a request goes only to a pool that serves its `model`. Empty:
-    #: it serves whatever is asked (the catch-all pool, today's single-model behaviour).
+    #: the catch-all pool, where each backend serves what its engine lists (`serves`).
     models: list[Annotated[str, rule("be a non-empty name", min_length=1)]] = field(
         default_factory=list
     )
+    #: Without `models`: which names it serves, read on every health check from its
+    #: engine (/v1/models, or TGI's /info model_id). "listed": only those; "any": those
+    #: and any other name (an engine that ignores `model`); "auto": by the engine, vLLM
+    #: and SGLang "listed", llama.cpp, TGI and the simulator "any" (the simulator run
+    #: strict: "listed"), an engine that lists names but does not say what it is
+    #: "listed", one that lists nothing "any".
+    serves: ServesMode = "auto"
     #: What engine it is, for continuing an answer there when another backend broke off
     #: mid-stream (`upstream/resume.py`). Unset: what the engine says of itself (its
     #: /props, /info, /v1/models); an engine that says nothing is never resumed on.

@@ -37,6 +37,11 @@ def checked(settings: Settings) -> Settings:
         where = f"[[backends]] #{index + 1}"
         if backend.name in seen_backends:
             problems.append(f"{where}.name: duplicate backend name {backend.name!r}")
+        if backend.models and backend.serves != "auto":
+            problems.append(
+                f"{where}.serves: only without models (with models, the config's list is "
+                "what it serves)"
+            )
         seen_backends.add(backend.name)
     seen_lanes: set[str] = set()
     for index, lane in enumerate(s.lanes):
