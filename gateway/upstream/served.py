@@ -97,6 +97,16 @@ class ServedModels:
         """It takes a name it does not list: it answers any, or nothing was read yet."""
         return self.any_name or self.names is None
 
+    def describe(self) -> dict[str, object]:
+        """For /debug/backends and `check-config --probe`."""
+        return {
+            "from": "engine" if self.from_engine else ("config" if self.names else "serves=any"),
+            "models": None if self.names is None else sorted(self.names),
+            "any_name": self.answers_unlisted(),
+            "engine": self.engine,
+            "listing_failing": self.failing,
+        }
+
     def note(self, listing: ModelListing | None, configured_engine: str | None) -> str | None:
         """One read of its engine's listing (None: it failed); what changed, for one log
         line: "listed" (the names or the way changed), "failed" (it failed, after an

@@ -97,6 +97,15 @@ async def test_two_engines_listing_different_models_each_get_only_their_own(
     async with http.get(gateway.url + "/metrics") as response:
         text = await response.text()
     assert 'gateway_backend_models_listed{backend="b0",pool="*"} 1.0' in text
+    async with http.get(gateway.url + "/debug/backends") as response:
+        described = (await response.json())["backends"]
+    assert described[0]["serves"] == {
+        "from": "engine",
+        "models": ["alpha"],
+        "any_name": False,
+        "engine": "vllm",
+        "listing_failing": False,
+    }
 
 
 async def test_a_tgi_engine_is_routed_by_its_info_model_id(
