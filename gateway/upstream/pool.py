@@ -474,7 +474,7 @@ class BackendPool:
             )
         if model is not None:
             now = self.clock()
-            if not any(b.available(now) for b in serving(model, self.backends_of(lane))):
+            if not any(b.available(now) for b in self._serving(lane, model, self.backends)):
                 raise NoBackend(
                     f"No healthy backend serves {model!r} in the '{lane}' lane right now.",
                     retry_after_s=self.health.interval_s,
@@ -639,11 +639,14 @@ class BackendPool:
         return taken
 
     def _serving(self, lane: str, model: str, candidates: list[Backend]) -> list[Backend]:
-        """The candidates that serve `model` (`served.serving` over the lane's backends)."""
-        allowed = serving(model, self.backends_of(lane))
-        if len(allowed) == len(self.backends_of(lane)):
+        """The candidates of `lane` that serve `model` (`served.serving`, over the whole
+        pool: a lane kept off the backends that list a model must not send it to one that
+        answers any name instead)."""
+        allowed = serving(model, self.backends)
+        if len(allowed) == len(self.backends):
             return candidates
-        return [b for b in candidates if b in allowed]
+        mine = self.backends_of(lane)
+        return [b for b in candidates if b in allowed and b in mine]
 
     def _adapter_of(self, lane: str, hint: RouteHint | None) -> str | None:
         """The request's model when it is a LoRA adapter a backend of the lane lists."""

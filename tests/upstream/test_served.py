@@ -155,3 +155,14 @@ def test_listings_are_read_from_models_tgi_info_and_props() -> None:
     assert engine_from_props(props) == ("simulator", True)
     assert engine_from_props({"total_slots": 4}) == ("llama.cpp", None)
     assert engine_from_props(None) == (None, None)
+
+
+def test_a_lane_kept_off_a_models_backends_does_not_send_it_to_one_that_answers_any() -> None:
+    vllm = backend("v", listed("alpha"))
+    llama = backend("l", listed("m.gguf", engine="llama.cpp"))
+    pool = BackendPool([vllm, llama], lane_backends={"bulk": ["l"]}, clock=lambda: 0.0)
+    assert isinstance(pool.try_take("bulk", 10, 10, hint=RouteHint(model="alpha")), Deferred)
+    with pytest.raises(NoBackend, match="'alpha' in the 'bulk' lane"):
+        pool.require_available("bulk", "alpha")
+    slot = pool.try_take("bulk", 10, 10, hint=RouteHint(model="other"))
+    assert slot is not None and not isinstance(slot, Deferred) and slot.backend is llama
