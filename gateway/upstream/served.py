@@ -26,8 +26,11 @@ treated as answering any name (today's behaviour); the first round of checks rea
 listing at start and `/readyz` answers 503 until it is done, so a gateway rolled out
 behind a load balancer takes traffic only once it knows where each model is.
 
-Which backends a request may use: those that list its model, else those that answer any
-name (`serving`); none: `model_not_found`, before anything is counted (`models.py`).
+Which backends a request may use (`serving`): those that list its model, and those nothing
+is known of (not read yet, `serves = "any"`, an engine that lists nothing: they take
+every name, as before); when nobody lists it, those that answer any name (llama.cpp, TGI:
+the wrong model for a name another backend lists, the right place for one nobody lists).
+None: `model_not_found`, before anything is counted (`models.py`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,11 @@ class ServedModels:
         """It takes a name it does not list: it answers any, or nothing was read yet."""
         return self.any_name or self.names is None
 
+    def lists_nothing(self) -> bool:
+        """Nothing is known of what it serves (not read yet, `serves = "any"`, or an engine
+        that lists nothing) and it takes any name: the catch-all of earlier releases."""
+        return not self.names and self.answers_unlisted()
+
     def describe(self) -> dict[str, object]:
         """For /debug/backends and `check-config --probe`."""
         return {
@@ -141,9 +149,9 @@ def lists(backend: ServingBackend, model: str) -> bool:
 
 
 def serving(model: str, backends: Sequence[B]) -> list[B]:
-    """The backends `model`'s request may go to: those that list it, else those that
-    answer any name (or are not read yet); empty: none serves it."""
-    listing = [b for b in backends if lists(b, model)]
-    if listing:
-        return listing
+    """The backends `model`'s request may go to, in their order: those that list it (and
+    those nothing is known of, as before); when none lists it, those that answer any
+    name. Empty: none serves it."""
+    if any(lists(b, model) for b in backends):
+        return [b for b in backends if lists(b, model) or b.served.lists_nothing()]
     return [b for b in backends if b.served.answers_unlisted()]

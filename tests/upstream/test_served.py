@@ -98,6 +98,9 @@ def test_a_request_goes_to_those_that_list_its_model_else_to_those_that_answer_a
     assert serving("model.gguf", [alpha, beta, llama]) == [llama]
     assert serving("other", [alpha, beta, llama, unread]) == [llama, unread]
     assert serving("other", [alpha, beta]) == []
+    # Nothing known of it (not read yet, or its engine lists nothing): every name, as before.
+    assert serving("alpha", [alpha, llama, unread]) == [alpha, unread]
+    assert serving("alpha", [alpha, backend("any", serves="any")])[1].name == "any"
     adapter = backend("lora", listed("base", "sql-lora"))
     adapter.lora.note_listed(["sql-lora"])
     assert serving("sql-lora", [alpha, adapter]) == [adapter]
