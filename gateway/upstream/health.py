@@ -88,6 +88,8 @@ class HealthMonitor:
         """What its engine serves now (`served.py`); one line when that changed, or when
         reading it began to fail (the last list read is kept)."""
         assert self._session is not None
+        # Within one check's timeout in all (it may ask up to three routes): a slow listing
+        # must not hold the round, and with it the other backends' results.
         listing = await fetch_listing(
             self._session, backend.url, backend.auth_headers, timeout_s=self.settings.timeout_s
         )

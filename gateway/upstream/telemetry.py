@@ -24,6 +24,7 @@ never a request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -536,15 +537,22 @@ async def fetch_listing(
 ) -> ModelListing | None:
     """What a backend serves now: its `/v1/models`, else TGI's `/info` model_id; and,
     when `owned_by` does not say which engine it is, its `/props` (llama.cpp, the
-    simulator). None: neither listing answered. Never raises, except when cancelled."""
+    simulator). None: neither listing answered. `timeout_s` bounds the routes asked
+    together (each gets what is left), so a slow engine costs one timeout, not three.
+    Never raises, except when cancelled."""
     base = base_url.rstrip("/")
-    listing = listing_from_models(await _get_json(session, base + "/v1/models", headers, timeout_s))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+
+    async def ask(path: str) -> Any:
+        left = deadline - loop.time()
+        return None if left <= 0 else await _get_json(session, base + path, headers, left)
+
+    listing = listing_from_models(await ask("/v1/models"))
     if listing is None:
-        info = await _get_json(session, base + "/info", headers, timeout_s)
-        return listing_from_tgi_info(info)
+        return listing_from_tgi_info(await ask("/info"))
     if listing.engine in (None, SIMULATOR_ENGINE):
-        props = await _get_json(session, base + "/props", headers, timeout_s)
-        engine, strict = engine_from_props(props)
+        engine, strict = engine_from_props(await ask("/props"))
         if engine is not None:
             listing = ModelListing(listing.names, engine, strict)
     return listing

@@ -170,14 +170,17 @@ ASKED = web.AppKey("asked", list)
 
 def flaky_listing_engine(model: str) -> tuple[web.Application, dict[str, bool]]:
     """A tiny OpenAI-compatible engine (vLLM's card, its 404 for other names) whose
-    /v1/models can be made to fail with a 500 (`listing["fails"]`)."""
-    listing = {"fails": False}
+    /v1/models can be made to fail with a 500 (`listing["fails"]`) or to hang
+    (`listing["hangs"]`)."""
+    listing = {"fails": False, "hangs": False}
     asked: list[str] = []
 
     async def health(request: web.Request) -> web.Response:
         return web.Response()
 
     async def models(request: web.Request) -> web.Response:
+        if listing["hangs"]:
+            await asyncio.sleep(60)
         if listing["fails"]:
             return web.Response(status=500, text="Internal Server Error")
         return web.json_response({"data": [{"id": model, "owned_by": "vllm"}]})
@@ -201,6 +204,7 @@ def flaky_listing_engine(model: str) -> tuple[web.Application, dict[str, bool]]:
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/info", models)  # as slow as /v1/models when it hangs
     app.router.add_post("/v1/chat/completions", chat)
     app[ASKED] = asked
     return app, listing
@@ -234,5 +238,35 @@ async def test_a_failed_listing_keeps_the_last_list(
         async with http.get(gateway.url + "/metrics") as response:
             text = await response.text()
         assert 'gateway_backend_model_listing_failures_total{backend="b0",pool="*"}' in text
+    finally:
+        await server.close()
+
+
+async def test_a_listing_that_hangs_fails_within_the_checks_timeout(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """A listing that never answers (/v1/models, then /info) costs one check's timeout in
+    all, not one per route asked: the round, and the other backends' results, go on."""
+    app, listing = flaky_listing_engine("alpha")
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    beta = await start_simulator_at(model="beta", pose_as="vllm")
+
+    def configure(settings: Settings) -> Settings:
+        health = replace(settings.health, interval_s=1.0, timeout_s=0.5)
+        return replace(settings, health=health)
+
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        gateway = await ready_gateway(start_gateway, http, [url, beta], configure)
+        listing["hangs"] = True
+        b0 = gateway.state.pools.default.pool.backends[0]
+        monitor = gateway.state.pools.default.health
+        started = asyncio.get_running_loop().time()
+        await monitor.read_models(b0)
+        took = asyncio.get_running_loop().time() - started
+        assert 0.45 < took < 0.9  # one timeout (0.5 s), not two (1.0 s: /v1/models, /info)
+        assert b0.served.failing and b0.served.names == {"alpha"}
+        assert await ask(client(gateway), "alpha") == "alpha"
     finally:
         await server.close()
