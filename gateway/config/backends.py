@@ -46,12 +46,12 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     models: list[Annotated[str, rule("be a non-empty name", min_length=1)]] = field(
         default_factory=list
     )
-    #: Without `models`: which names it serves, read on every health check from its
-    #: engine (/v1/models, or TGI's /info model_id). "listed": only those; "any": those
-    #: and any other name (an engine that ignores `model`); "auto": by the engine, vLLM
-    #: and SGLang "listed", llama.cpp, TGI and the simulator "any" (the simulator run
-    #: strict: "listed"), an engine that lists names but does not say what it is
-    #: "listed", one that lists nothing "any".
+    #: Without `models`: which names it serves. "listed": the names its engine lists,
+    #: read on every health check (/v1/models, or TGI's /info model_id); "any": any name,
+    #: its list not read (the catch-all of earlier releases); "auto": by the engine, vLLM
+    #: and SGLang only what they list; llama.cpp, TGI and the simulator (unless strict)
+    #: that and any name nobody lists; another engine only what it lists, or any name
+    #: when it lists nothing (`upstream/served.py`).
     serves: ServesMode = "auto"
     #: What engine it is, for continuing an answer there when another backend broke off
     #: mid-stream (`upstream/resume.py`). Unset: what the engine says of itself (its

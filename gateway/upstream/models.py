@@ -45,7 +45,7 @@ from gateway.outcomes import ModelNotFound
 from gateway.upstream.pool import BackendPool
 from gateway.upstream.served import lists
 
-#: The pool of the backends that list no model: it serves any name.
+#: The pool of the backends whose entries name no model: each serves what its engine lists.
 CATCH_ALL = "*"
 
 

@@ -52,7 +52,8 @@ a slot is one synchronous step: two requests cannot race for the same "least loa
 backend.
 
 Models (`served.py`): a request goes only to the backends of its pool that serve its
-`model` (those that list it, else those that answer any name): in the catch-all pool,
+`model` (`served.serving`: those that list it, else those that answer any name; over
+the whole pool, then the lane's backends): in the catch-all pool,
 backends whose engines list different models share the queues, and each request waits
 for a backend of its own model (`Deferred` when those are full, so the requests behind
 it for other models go).
