@@ -642,7 +642,9 @@ class BackendPool:
     def _serving(self, lane: str, model: str, candidates: list[Backend]) -> list[Backend]:
         """The candidates of `lane` that serve `model` (`served.serving`, over the whole
         pool: a lane kept off the backends that list a model must not send it to one that
-        answers any name instead)."""
+        answers any name instead). One backend: the router sent it what it serves."""
+        if len(self.backends) < 2:
+            return candidates
         allowed = serving(model, self.backends)
         if len(allowed) == len(self.backends):
             return candidates
