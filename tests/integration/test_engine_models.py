@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -168,20 +169,30 @@ async def test_an_engine_restarted_with_another_model_is_followed(
 ASKED = web.AppKey("asked", list)
 
 
-def flaky_listing_engine(model: str) -> tuple[web.Application, dict[str, bool]]:
+@dataclass
+class Listing:
+    """How a test engine's listing answers: a 500 (`fails`), or not until `answering` is
+    set (cleared: it hangs)."""
+
+    fails: bool = False
+    answering: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.answering.set()
+
+
+def flaky_listing_engine(model: str) -> tuple[web.Application, Listing]:
     """A tiny OpenAI-compatible engine (vLLM's card, its 404 for other names) whose
-    /v1/models can be made to fail with a 500 (`listing["fails"]`) or to hang
-    (`listing["hangs"]`)."""
-    listing = {"fails": False, "hangs": False}
+    /v1/models (and /info) can be made to fail or to hang (`Listing`)."""
+    listing = Listing()
     asked: list[str] = []
 
     async def health(request: web.Request) -> web.Response:
         return web.Response()
 
     async def models(request: web.Request) -> web.Response:
-        if listing["hangs"]:
-            await asyncio.sleep(60)
-        if listing["fails"]:
+        await listing.answering.wait()  # until the test lets it go (or the client gives up)
+        if listing.fails:
             return web.Response(status=500, text="Internal Server Error")
         return web.json_response({"data": [{"id": model, "owned_by": "vllm"}]})
 
@@ -225,7 +236,7 @@ async def test_a_failed_listing_keeps_the_last_list(
     try:
         url = str(server.make_url("")).rstrip("/")
         gateway = await ready_gateway(start_gateway, http, [url, beta], checks_every(0.2))
-        listing["fails"] = True
+        listing.fails = True
         b0 = gateway.state.pools.default.pool.backends[0]
         await eventually(lambda: b0.served.failures >= 2, within_s=5.0)
         assert b0.served.names == {"alpha"} and b0.available(gateway.state.pool.clock())
@@ -239,6 +250,7 @@ async def test_a_failed_listing_keeps_the_last_list(
             text = await response.text()
         assert 'gateway_backend_model_listing_failures_total{backend="b0",pool="*"}' in text
     finally:
+        listing.answering.set()
         await server.close()
 
 
@@ -259,7 +271,7 @@ async def test_a_listing_that_hangs_fails_within_the_checks_timeout(
     try:
         url = str(server.make_url("")).rstrip("/")
         gateway = await ready_gateway(start_gateway, http, [url, beta], configure)
-        listing["hangs"] = True
+        listing.answering.clear()
         b0 = gateway.state.pools.default.pool.backends[0]
         monitor = gateway.state.pools.default.health
         started = asyncio.get_running_loop().time()
@@ -269,4 +281,35 @@ async def test_a_listing_that_hangs_fails_within_the_checks_timeout(
         assert b0.served.failing and b0.served.names == {"alpha"}
         assert await ask(client(gateway), "alpha") == "alpha"
     finally:
+        listing.answering.set()
+        await server.close()
+
+
+async def test_not_ready_until_the_first_listings_are_read(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """A gateway rolled out behind a load balancer takes traffic only once it knows where
+    each model is: /readyz is 503 while an engine's first listing is still being read, at
+    most one check's timeout."""
+    app, listing = flaky_listing_engine("alpha")
+    listing.answering.clear()  # its first listing takes the whole check timeout
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    beta = await start_simulator_at(model="beta", pose_as="vllm")
+
+    def configure(settings: Settings) -> Settings:
+        return replace(settings, health=replace(settings.health, timeout_s=1.0))
+
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        gateway = await start_gateway([url, beta], configure=configure)
+        async with http.get(gateway.url + "/readyz") as response:
+            assert response.status == 503
+            assert (await response.json())["reason"] == "reading what the backends serve"
+        waited = await eventually(lambda: gateway.state.pools.default.health.checked, 3.0)
+        assert 0.5 < waited < 2.0  # the round ended at the hanging listing's timeout (1 s)
+        async with http.get(gateway.url + "/readyz") as response:
+            assert response.status == 200  # ready: an engine that does not say costs 1 s
+    finally:
+        listing.answering.set()
         await server.close()
