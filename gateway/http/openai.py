@@ -50,12 +50,16 @@ async def models(request: web.Request) -> web.Response:
 
 
 def _listing_backends(pool: BackendPool) -> list[Backend]:
-    """Whose `/v1/models` to ask: every available backend that reads its engine's list,
-    else one available backend."""
+    """Whose `/v1/models` to ask: one available backend per distinct list among those that
+    read their engine's (a fleet of replicas of one model costs one call; each not read
+    yet is asked), else one available backend."""
     now = pool.clock()
-    reading = [b for b in pool.backends if b.served.from_engine and b.available(now)]
+    reading: dict[object, Backend] = {}
+    for b in pool.backends:
+        if b.served.from_engine and b.available(now):
+            reading.setdefault(b.served.names if b.served.known else b.name, b)
     if reading:
-        return reading
+        return list(reading.values())
     backend = pool.any_backend()
     return [] if backend is None else [backend]
 

@@ -139,6 +139,22 @@ async def test_a_llamacpp_engine_stays_catch_all(
         await ask(sdk, model)
     assert await sent(http, llama) == {"gpt-4o-mini": 1, "anything": 1}
     assert await sent(http, vllm) == {"alpha": 2}
+    listed = [model.id for model in (await sdk.models.list()).data]
+    assert listed == ["/models/qwen2.5-0.5b-q4_k_m.gguf", "alpha"]  # each engine's, once
+
+
+async def test_replicas_of_one_model_are_listed_once(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """Two engines serving the same model share its requests; /v1/models asks one of them."""
+    one = await start_simulator_at(model="alpha", pose_as="vllm")
+    two = await start_simulator_at(model="alpha", pose_as="vllm")
+    gateway = await ready_gateway(start_gateway, http, [one, two])
+    sdk = client(gateway)
+    await asyncio.gather(*(ask(sdk, "alpha") for _ in range(8)))
+    first, second = await sent(http, one), await sent(http, two)
+    assert first["alpha"] + second["alpha"] == 8 and first["alpha"] and second["alpha"]
+    assert [model.id for model in (await sdk.models.list()).data] == ["alpha"]
 
 
 async def test_an_engine_restarted_with_another_model_is_followed(
