@@ -527,7 +527,7 @@ class BackendPool:
         if model is not None:
             candidates = self._serving(lane, model, candidates)
             if not candidates:  # those that serve it are full: let the ones behind go
-                return Deferred(self.health.interval_s)
+                return Deferred(self.health.interval_s, own_full=True)
         adapter = self._adapter_of(lane, hint)
         adapter_reason = None
         if adapter is not None:

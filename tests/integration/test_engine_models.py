@@ -109,6 +109,41 @@ async def test_two_engines_listing_different_models_each_get_only_their_own(
     }
 
 
+async def test_a_models_queue_does_not_hold_another_models_idle_engine(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """The engines share the catch-all pool's queues: 30 long requests for alpha wait for
+    its two slots, and beta's request behind them goes to its idle engine at once (they
+    held it ~30 s when a lane looked only 16 requests past a deferred head)."""
+    alpha = await start_simulator_at(model="alpha", pose_as="vllm", decode_ms_per_seq=20.0)
+    beta = await start_simulator_at(model="beta", pose_as="vllm")
+
+    def two_slots(settings: Settings) -> Settings:
+        backends = [replace(b, max_concurrency=2) for b in settings.backends]
+        return replace(settings, backends=backends)
+
+    gateway = await ready_gateway(start_gateway, http, [alpha, beta], two_slots)
+    sdk = client(gateway)
+
+    async def long_alpha() -> None:
+        await sdk.chat.completions.create(
+            model="alpha", messages=[{"role": "user", "content": "Hi"}], max_tokens=60
+        )
+
+    waiting = [asyncio.create_task(long_alpha()) for _ in range(30)]
+    try:
+        lanes = gateway.state.scheduler.lanes
+        await eventually(lambda: sum(len(lane.queue) for lane in lanes) >= 20, within_s=5.0)
+        started = asyncio.get_running_loop().time()
+        assert await ask(sdk, "beta") == "beta"
+        assert asyncio.get_running_loop().time() - started < 1.0
+        assert await sent(http, beta) == {"beta": 1}
+    finally:
+        for task in waiting:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+
+
 async def test_a_tgi_engine_is_routed_by_its_info_model_id(
     start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
 ) -> None:
