@@ -13,11 +13,13 @@ unchanged, whatever its clients ask for.
 The catch-all pool stays one pool whatever its engines list: its backends share
 its queues, and each request is filtered to the backends that serve its model
 inside the pool (`BackendPool.try_take`, as adapters are), waiting aside while
-those are full so the requests behind it for other models go. Pools formed from
-what the engines list would move backends, with requests queued and in flight,
-between schedulers whenever an engine loads a model; the shared queue costs a
-model only its share of the lanes' depth and deadlines under another's overload.
-Where that isolation matters, name the models in the config: a pool each.
+those are full (`Deferred.own_full`) so the requests behind it for other models go
+(the scheduler looks past such waiters up to `OWN_FULL_LOOKAHEAD`). Pools formed
+from what the engines list would move backends, with requests queued and in
+flight, between schedulers whenever an engine loads a model; the shared queue
+costs a model its share of the lanes' depth, slot limits and predicted waits under
+another's overload. Where that isolation matters, name the models in the config:
+a pool each.
 
 Resolution, in order: an alias (`[[models]]`) becomes its target (one of its
 weighted targets, picked at random per request, for a gradual switch); the
