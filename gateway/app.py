@@ -32,6 +32,7 @@ from gateway.observability.model_metrics import ModelMetrics
 from gateway.observability.record import clock
 from gateway.observability.tenant_metrics import TenantMetrics
 from gateway.observability.tracing import build_tracer
+from gateway.reload import Reloader
 from gateway.scheduling.fitting import PromptSizes
 from gateway.scheduling.scheduler import Scheduler
 from gateway.state import GATEWAY, GatewayState
@@ -39,6 +40,7 @@ from gateway.upstream.health import HealthMonitor
 from gateway.upstream.learned_state import OFF as LEARNED_STATE_OFF
 from gateway.upstream.learned_state import SAVE_EVERY_S as LEARNED_SAVE_EVERY_S
 from gateway.upstream.learned_state import LearnedState, SharedLearnedState
+from gateway.upstream.membership import Membership, lane_members
 from gateway.upstream.models import CATCH_ALL, ModelPool, ModelRouter, pool_key
 from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import UpstreamClient
@@ -57,8 +59,13 @@ def build_app(
     *,
     log_stream: TextIO | None = None,
     encoding: tiktoken.Encoding | None = None,
+    reload: Callable[[], Settings] | None = None,
+    config_path: str | None = None,
 ) -> web.Application:
-    """The gateway as an aiohttp app. Loads the tokenizer now: a missing one fails here."""
+    """The gateway as an aiohttp app. Loads the tokenizer now: a missing one fails here.
+
+    `reload` reads the config again as at start (`reload.py`: SIGHUP, POST /admin/reload);
+    `config_path` is the file it reads, watched when [discovery] watch_config_s says."""
     counter = TokenCounter(
         encoding or load_encoding(settings.tokenizer.encoding),
         offload_min_chars=settings.tokenizer.offload_min_chars,
@@ -120,6 +127,19 @@ def build_app(
     metrics.watch(scheduler, pool, state.sizer.floors)
     state.learned_state = restore_learned(settings, router, events, metrics, state.fleet)
     state.model_metrics = ModelMetrics(metrics.registry, router)
+    state.reloader = Reloader(
+        state,
+        reload,
+        Membership(
+            router,
+            lambda name, members, current: _started_pool(state, name, members, current),
+            events,
+            metrics.registry,
+            on_pools_changed=lambda: _follow_default_pool(state),
+        ),
+        metrics.registry,
+        path=config_path,
+    )
     # client_max_size makes aiohttp stop reading a chunked body past the limit.
     app = web.Application(
         client_max_size=settings.server.max_body_bytes, middlewares=[error_envelope]
@@ -141,6 +161,7 @@ def build_app(
     app.router.add_get("/debug/backends", ops.debug_backends)
     app.router.add_post("/admin/backends/{name}/drain", admin.drain)
     app.router.add_post("/admin/backends/{name}/undrain", admin.undrain)
+    app.router.add_post("/admin/reload", admin.reload)
     openapi.install(app, settings)
     playground.install(app, settings.server.playground)
     cors.install(app, settings.server.cors_origins)
@@ -160,38 +181,75 @@ def build_pools(
         groups.setdefault(pool_key(backend.models), []).append(backend)
     if not groups:
         groups[CATCH_ALL] = []
-    pools = []
-    for name, members in groups.items():
-        names = {b.name for b in members}
-        pool = BackendPool(
-            [Backend.from_settings(b) for b in members],
-            lane_backends={
-                lane.name: None if lane.backends is None else list(names & set(lane.backends))
-                for lane in settings.lanes
-                if lane.backends is None or names & set(lane.backends)
-            },
-            health=settings.health,
-            routing=settings.routing,
-            clock=clock_of or time.monotonic,
-        )
-        slots = {lane.name: pool.slots_of(lane.name) for lane in settings.lanes}
-        scheduler = Scheduler(
-            settings.lanes,
-            {lane.name: slot_limit(lane, slots[lane.name]) for lane in settings.lanes},
-            pool,
-            clock=clock_of or clock,
-            competes=pool.shares_backends,
-            fair_share=settings.tenants.fair_share,
-            capacities=slots,
-        )
-        pool.on_available = scheduler.notify_capacity
-        health = HealthMonitor(pool, settings.health, events)
-        # Its own prompt sizes: another model's long prompts say nothing of this engine floor.
-        sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes())
-        health.after_round = sizer.round
-        serves = frozenset(members[0].models) if members else frozenset()
-        pools.append(ModelPool(name, serves, pool, scheduler, sizer, health))
+    pools = [
+        build_pool(name, members, settings, events, clock_of) for name, members in groups.items()
+    ]
     return ModelRouter(pools, settings.models, limits=settings.limits)
+
+
+def build_pool(
+    name: str,
+    members: list[BackendSettings],
+    settings: Settings,
+    events: Any,
+    clock_of: Callable[[], float] | None = None,
+) -> ModelPool:
+    """One pool and its machinery: its backends, scheduler, health checks and sizer (at
+    start, and for models a reload or DNS brings in: `upstream/membership.py`). A
+    `[[backends]] dns` entry has no member yet: its addresses join when resolved."""
+    serves = frozenset(members[0].models) if members else frozenset()
+    members = [b for b in members if b.url]
+    pool = BackendPool(
+        [Backend.from_settings(b) for b in members],
+        lane_backends=lane_members(settings.lanes, [b.name for b in members]),
+        health=settings.health,
+        routing=settings.routing,
+        clock=clock_of or time.monotonic,
+    )
+    slots = {lane.name: pool.slots_of(lane.name) for lane in settings.lanes}
+    scheduler = Scheduler(
+        settings.lanes,
+        {lane.name: slot_limit(lane, slots[lane.name]) for lane in settings.lanes},
+        pool,
+        clock=clock_of or clock,
+        competes=pool.shares_backends,
+        fair_share=settings.tenants.fair_share,
+        capacities=slots,
+    )
+    pool.on_available = scheduler.notify_capacity
+    health = HealthMonitor(pool, settings.health, events)
+    # Its own prompt sizes: another model's long prompts say nothing of this engine floor.
+    sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes())
+    health.after_round = sizer.round
+    return ModelPool(name, serves, pool, scheduler, sizer, health)
+
+
+async def _started_pool(
+    state: GatewayState, name: str, members: list[BackendSettings], settings: Settings
+) -> ModelPool:
+    """A pool for models that a reload or DNS brought in, wired as `build_app` wires those
+    of the start (learned state, fleet leases) and its health checks running."""
+    each = build_pool(name, members, settings, state.events)
+    each.sizer.learned_state = state.learned_state
+    if state.fleet is not None:
+        leases = SlotLeases(
+            state.fleet.store,
+            each.pool,
+            each.scheduler,
+            share=state.fleet.local_share,
+            pool_name=name,
+        )
+        state.fleet.add_leases(name, leases)
+    await each.health.start()
+    return each
+
+
+def _follow_default_pool(state: GatewayState) -> None:
+    """The state's default pool (TGI routes, leases, shadow) after the pools changed."""
+    default = state.pools.default
+    state.pool, state.scheduler = default.pool, default.scheduler
+    state.sizer, state.health = default.sizer, default.health
+    state.prompt_sizes = default.sizer.prompt_sizes
 
 
 def build_fleet(
@@ -223,6 +281,7 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await state.upstream.start()
     for each in state.pools.pools:
         await each.health.start()
+    await state.reloader.start()  # the DNS names' backends join before the first request
     await state.loop_lag.start()
     await state.shadow.start()
     if state.fleet is not None:
@@ -255,6 +314,7 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
     if state.fleet is not None:
         await state.fleet.stop()
     await state.loop_lag.stop()
+    await state.reloader.stop()
     for each in state.pools.pools:
         await each.health.stop()
     await state.upstream.close()
@@ -326,8 +386,17 @@ async def _stop_tracing(app: web.Application) -> None:
         state.events.warning("tracing_flush_timeout", hint="the span collector did not answer")
 
 
+#: After the drain deadline, how long the requests cut there have to end (their last
+#: event written, their slot and its lease in Redis given back).
+CUT_GRACE_S = 2.0
+
+
 async def drain(app: web.Application, timeout_s: float) -> int:
-    """SIGTERM: refuse new work, send the queued away, let in-flight streams finish.
+    """SIGTERM: refuse new work (`/readyz` fails at once, so a load balancer stops
+    sending), send the queued away, let in-flight streams finish; at `timeout_s` cut
+    those still running, each with a last `shutting_down` event, so that their slots
+    (with [redis], their leases) are given back now rather than when the process is
+    killed (the other replicas would then wait for the lease TTL).
 
     Returns how many requests were still in flight when the time ran out.
     """
@@ -335,9 +404,31 @@ async def drain(app: web.Application, timeout_s: float) -> int:
     state.draining = True
     refused = sum(each.scheduler.fail_waiting(shutting_down()) for each in state.pools.pools)
     state.events.info("draining", queued_refused=refused, in_flight=state.in_flight)
+    await _until_idle(state, timeout_s)
+    left = state.in_flight
+    if left:
+        cut = cut_running(state)
+        state.events.warning("drain_deadline", in_flight=left, cut=cut, deadline_s=timeout_s)
+        await _until_idle(state, CUT_GRACE_S)
+    return left
+
+
+def cut_running(state: GatewayState) -> int:
+    """End every request on a backend here (`relay.Watchdog.shut_down`); how many."""
+    watchdogs = [
+        watchdog
+        for each in state.pools.pools
+        for backend in each.pool.backends
+        for watchdog in list(backend.streams)
+    ]
+    for watchdog in watchdogs:
+        watchdog.shut_down()
+    return len(watchdogs)
+
+
+async def _until_idle(state: GatewayState, timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     # Polling for a few seconds at shutdown is simpler than an event on every release.
     while state.in_flight and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
-    return state.in_flight

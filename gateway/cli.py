@@ -41,6 +41,8 @@ SIMULATOR_START_TIMEOUT_S = 20.0
 #: and a 27 ms full pass); at 10,000 the same run had one. Cycles are still collected:
 #: 10,000 young objects are about a megabyte.
 GC_YOUNG_THRESHOLD = 10_000
+#: At shutdown, after the drain: the longest a request's handler may still take.
+SHUTDOWN_GRACE_S = 5.0
 #: The distribution name in pyproject.toml, whose metadata holds the version.
 PACKAGE = "llm-tail-gateway"
 
@@ -145,15 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "matrix": matrix,
         }[args.command]
         return int(tool.main(args))
+    overrides = {
+        "server.host": getattr(args, "host", None),
+        "server.port": getattr(args, "port", None),
+        "backends": getattr(args, "backend", None),
+    }
     try:
-        settings = load_settings(
-            args.config,
-            overrides={
-                "server.host": getattr(args, "host", None),
-                "server.port": getattr(args, "port", None),
-                "backends": getattr(args, "backend", None),
-            },
-        )
+        settings = load_settings(args.config, overrides=overrides)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"config error: {problem}", file=sys.stderr)
@@ -174,20 +174,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway.apidoc import write_page
 
         return write_page(settings, args.config, args.output)
-    return serve(settings)
+    return serve(
+        settings,
+        reload=lambda: load_settings(args.config, overrides=overrides),
+        config_path=args.config,
+    )
 
 
-def serve(settings: Settings) -> int:
+def serve(
+    settings: Settings,
+    reload: Callable[[], Settings] | None = None,
+    config_path: str | None = None,
+) -> int:
+    """Run the gateway until SIGTERM; `reload` reads the config again (SIGHUP)."""
     log = make_logger(sys.stderr, settings.logging.level)
-    if not settings.health.state_file:
-        from gateway.upstream.learned_state import default_path
-
-        health = msgspec.structs.replace(settings.health, state_file=str(default_path()))
-        settings = msgspec.structs.replace(settings, health=health)
+    settings = _with_state_file(settings)
     simulator: subprocess.Popen[bytes] | None = None
+    simulator_url = ""
+
+    def reload_as_started() -> Settings:
+        """The config read again, completed as at start (the state file, the simulator)."""
+        assert reload is not None
+        fresh = _with_state_file(reload())
+        return (
+            _with_backend(fresh, simulator_url) if simulator_url and not fresh.backends else fresh
+        )
+
     try:
         if not settings.backends:
             simulator, url = start_simulator_process(settings.server.host)
+            simulator_url = url
             settings = _with_backend(settings, url)
             log.warning(
                 "no_backend_configured",
@@ -197,7 +213,11 @@ def serve(settings: Settings) -> int:
         from gateway.app import build_app
 
         try:
-            app = build_app(settings)
+            app = build_app(
+                settings,
+                reload=reload_as_started if reload is not None else None,
+                config_path=config_path,
+            )
         except EncodingUnavailable as exc:
             print(f"startup error: {exc}", file=sys.stderr)
             return 2
@@ -217,6 +237,16 @@ def serve(settings: Settings) -> int:
                 simulator.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 simulator.kill()
+
+
+def _with_state_file(settings: Settings) -> Settings:
+    """The learned state's default file where the config names none."""
+    if settings.health.state_file:
+        return settings
+    from gateway.upstream.learned_state import default_path
+
+    health = msgspec.structs.replace(settings.health, state_file=str(default_path()))
+    return msgspec.structs.replace(settings, health=health)
 
 
 def _with_backend(settings: Settings, url: str) -> Settings:
@@ -239,7 +269,10 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
 
     # handler_cancellation: a client that goes away cancels its handler at once (and so
     # the backend request).
-    runner = web.AppRunner(app, handler_cancellation=True)
+    # shutdown_timeout: after `drain` (which cut what was still running at its deadline),
+    # how long a handler left may take before it is cancelled (aiohttp's 60 s would keep a
+    # pod past its grace period, and its slot leases past their TTL).
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     server = settings.server
     # The site builds the client connections (http/door.py: the header deadline), so it
@@ -269,13 +302,15 @@ async def _run(app: web.Application, settings: Settings, log: Any) -> None:
         "gateway_started",
         event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
         url=f"http://{settings.server.host}:{settings.server.port}",
-        backends=[b.url for b in settings.backends],
+        backends=[b.url or f"dns:{b.dns}" for b in settings.backends],
         lanes=[lane.name for lane in settings.lanes],
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # SIGHUP: the config read again and applied to new requests (`reload.py`).
+    loop.add_signal_handler(signal.SIGHUP, app[GATEWAY].reloader.request, "sighup")
     await stop.wait()
     from gateway.app import drain
 

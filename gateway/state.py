@@ -77,6 +77,9 @@ class GatewayState:
     #: Requests and tokens per minute of the keys that have quotas (in Redis with a
     #: fleet, else local); the default applies to no key.
     quotas: TenantQuotas = field(default_factory=TenantQuotas)
+    #: Reloads the config and follows the DNS names' records (`reload.py`); None: the
+    #: backends are what the app was built with.
+    reloader: Any = None
 
     @property
     def limits(self) -> LimitsSettings:

@@ -52,6 +52,11 @@ class Tenants:
     """Finds each request's tenant, as `[tenants]` and the API keys say."""
 
     def __init__(self, settings: Settings) -> None:
+        self.reconfigure(settings)
+
+    def reconfigure(self, settings: Settings) -> None:
+        """From `settings` (at start, and on a reload: the metrics keep reading this one's
+        labels)."""
         config = settings.tenants
         self._keyed = bool(settings.api_keys)
         self._source = config.source

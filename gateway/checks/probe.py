@@ -42,6 +42,8 @@ async def _probe(settings: Settings) -> dict[str, Any]:
     timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
     backends: list[dict[str, Any]] = []
     lanes: list[dict[str, Any]] = []
+    await state.reloader.start()  # `[[backends]] dns` names resolved: their addresses
+    await state.reloader.stop()
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for each in state.pools.pools:
             for backend in each.pool.backends:
@@ -58,5 +60,7 @@ async def _probe(settings: Settings) -> dict[str, Any]:
                     described["serves"] = sorted(each.serves)
                 backends.append(described)
             lanes += [{**lane, "pool": each.name} for lane in each.sizer.describe_lanes()]
+    for each in state.pools.pools:  # those DNS brought in run their checks
+        await each.health.stop()
     state.counter.close()
     return {"backends": backends, "lanes": lanes}

@@ -23,7 +23,8 @@ items, and `none` (or nothing) clears an optional key.
 
 The package holds one module per section (`server`, `limits` with [tokenizer], `backends`,
 `models`, `lanes`, `tenants` with [[api_keys]], `timeouts` with [health], `routing`,
-`retries`, `observability` ([logging], [tracing]), `shadow`, `redis`), `settings` (the
+`retries`, `observability` ([logging], [tracing]), `shadow`, `redis`, `resume`,
+`discovery`), `settings` (the
 whole), `loading` (the sources in order), `environment` (GATEWAY_* names), `messages`
 (msgspec's errors as one line naming the key) and `checks` (the rules across fields and
 the warnings of `check-config`). Import from here: `from gateway.config import Settings`.
@@ -45,6 +46,7 @@ from gateway.config.constraints import (
     Positive,
     PositiveFloat,
 )
+from gateway.config.discovery import DiscoverySettings
 from gateway.config.environment import CLI_ENV_NAMES, ENV_PREFIX, unrecognized_env_names
 from gateway.config.lanes import LaneSettings, default_lanes, slot_limit
 from gateway.config.limits import LimitsSettings, TokenizerSettings
@@ -68,6 +70,7 @@ __all__ = [
     "CLI_ENV_NAMES",
     "ConfigError",
     "DEFAULT_MAX_CONCURRENCY",
+    "DiscoverySettings",
     "EngineKind",
     "ENV_PREFIX",
     "HealthSettings",

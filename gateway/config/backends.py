@@ -19,8 +19,19 @@ ServesMode = Literal["auto", "listed", "any"]
 DEFAULT_MAX_CONCURRENCY = 8
 
 
+#: `dns`: a host name and a port, as a Kubernetes headless Service is reached.
+#: (Empty: the entry has a `url`.)
+DNS_PATTERN = r"^([A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_.])?:[0-9]{1,5})?$"
+
+
 class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    url: Annotated[str, rule("be http(s)://host:port", pattern=r"(?i)^https?://[^/?#\s]+")] = ""
+    #: The server's base URL (empty: the entry has a `dns` name instead).
+    url: Annotated[str, rule("be http(s)://host:port", pattern=r"(?i)^(https?://[^/?#\s]+|$)")] = ""
+    #: Instead of `url`: a DNS name and port whose A/AAAA records are the servers (a
+    #: Kubernetes headless Service, `tgi.models.svc.cluster.local:80`), re-resolved every
+    #: [discovery] interval_s: each address is a backend of its own, named
+    #: `<name>@<address>`, with this entry's other settings (`upstream/discovery.py`).
+    dns: Annotated[str, rule("be host:port (a DNS name and a port)", pattern=DNS_PATTERN)] = ""
     name: str = ""
     #: Relative capacity: balancing divides outstanding tokens by it.
     weight: PositiveFloat = 1.0

@@ -15,6 +15,13 @@ from gateway.config.models import model_limits
 from gateway.config.settings import Settings
 
 
+def _backend_name(url: str, dns: str, index: int) -> str:
+    """A backend's name when the config gives none: its URL's host:port, its DNS name."""
+    if dns:
+        return dns.rpartition(":")[0]
+    return urlparse(url).netloc or f"backend{index}"
+
+
 def checked(settings: Settings) -> Settings:
     """Names filled in, then the checks no single field's type can express: every broken
     rule is said (one ConfigError, a line each), not only the first."""
@@ -22,7 +29,7 @@ def checked(settings: Settings) -> Settings:
     s = replace(
         settings,
         backends=[
-            b if b.name else replace(b, name=urlparse(b.url).netloc or f"backend{index}")
+            b if b.name else replace(b, name=_backend_name(b.url, b.dns, index))
             for index, b in enumerate(settings.backends)
         ],
         api_keys=[
@@ -37,6 +44,10 @@ def checked(settings: Settings) -> Settings:
         where = f"[[backends]] #{index + 1}"
         if backend.name in seen_backends:
             problems.append(f"{where}.name: duplicate backend name {backend.name!r}")
+        if not backend.url and not backend.dns:
+            problems.append(f"{where}.url: must be set (or dns: a name whose records are servers)")
+        elif backend.url and backend.dns:
+            problems.append(f"{where}.dns: set url or dns, not both")
         if backend.models and backend.serves != "auto":
             problems.append(
                 f"{where}.serves: only without models (with models, the config's list is "

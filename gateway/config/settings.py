@@ -11,6 +11,7 @@ from msgspec import field
 
 from gateway.config.backends import DEFAULT_MAX_CONCURRENCY, BackendSettings
 from gateway.config.constraints import rule
+from gateway.config.discovery import DiscoverySettings
 from gateway.config.lanes import LaneSettings, default_lanes, slot_limit
 from gateway.config.limits import LimitsSettings, TokenizerSettings
 from gateway.config.models import ModelSettings
@@ -46,6 +47,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     tracing: TracingSettings = field(default_factory=TracingSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, freshly built dicts and lists (a caller may edit them, e.g. to mask keys)."""
@@ -84,6 +86,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "tracing": TracingSettings,
     "redis": RedisSettings,
     "resume": ResumeSettings,
+    "discovery": DiscoverySettings,
 }
 ARRAYS: dict[str, type[msgspec.Struct]] = {
     "backends": BackendSettings,

@@ -216,11 +216,8 @@ class TenantQuotas:
     ) -> None:
         """`store` None: local windows with `share` (1: one replica). With a store, this
         registers itself to drop its local counts when Redis comes back."""
-        self.limits: dict[str, Limits] = {
-            k.name: (k.requests_per_minute, k.tokens_per_minute)
-            for k in keys
-            if k.requests_per_minute is not None or k.tokens_per_minute is not None
-        }
+        self.limits: dict[str, Limits] = {}
+        self.set_keys(keys)
         self.store = store
         self.share = share
         self.window_s = window_s
@@ -248,6 +245,15 @@ class TenantQuotas:
             "down or slow (the quotas are not global meanwhile).",
             registry=registry,
         )
+
+    def set_keys(self, keys: Sequence[ApiKeySettings]) -> None:
+        """The keys' quotas in force for the reservations from now on (a reload keeps the
+        windows' counts: a key's minute goes on)."""
+        self.limits = {
+            k.name: (k.requests_per_minute, k.tokens_per_minute)
+            for k in keys
+            if k.requests_per_minute is not None or k.tokens_per_minute is not None
+        }
 
     @classmethod
     def for_fleet(

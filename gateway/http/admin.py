@@ -1,4 +1,5 @@
-"""Operator routes that change what the gateway does: drain a backend, and undo it.
+"""Operator routes that change what the gateway does: drain a backend, and undo it;
+reload the config (`POST /admin/reload`, as SIGHUP: `reload.py`).
 
 `POST /admin/backends/{name}/drain` is how a model server is rolled without a
 broken answer: the backend gets no new request at once; its streams finish
@@ -125,6 +126,17 @@ async def undrain(request: web.Request) -> web.Response:
         pool.undrain(backend)
     state.events.info("backend_undrained", backend=name)
     return web.json_response(_state_of(name, found, None))
+
+
+async def reload(request: web.Request) -> web.Response:
+    """`POST /admin/reload`: the config read again and applied, as on SIGHUP (`reload.py`).
+    200 with what changed; 422 when the file does not load (the config in force stays)."""
+    state = request.app[GATEWAY]
+    refusal = _admin_refusal(request, state)
+    if refusal is not None:
+        return error_response(refusal)
+    result = await state.reloader.reload("admin")
+    return web.json_response(result.to_json(), status=200 if result.ok else 422)
 
 
 def _state_of(

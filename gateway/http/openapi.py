@@ -248,6 +248,40 @@ def _admin(operation_id: str, summary: str, *, drain: bool) -> dict[str, Schema]
     }
 
 
+def _reload() -> dict[str, Schema]:
+    """`POST /admin/reload` (`http/admin.py`, `reload.py`)."""
+    names: Schema = {"type": "array", "items": {"type": "string"}}
+    result: Schema = {
+        "type": "object",
+        "properties": {
+            "result": {"type": "string", "enum": ["ok", "failed"]},
+            "reason": {"type": "string"},
+            "error": {"type": ["string", "null"]},
+            "sha256": {"type": ["string", "null"]},
+            "changed": names,
+            "not_applied": names,
+            "joined": names,
+            "left": names,
+            "updated": names,
+        },
+    }
+    return {
+        "post": {
+            "operationId": "reloadConfig",
+            "summary": "Reload the config file, as SIGHUP: applied to new requests; what "
+            "cannot change live is named (admin key, or loopback without keys)",
+            "responses": {
+                "200": {"description": "Reloaded.", "content": {JSON: {"schema": result}}},
+                "401": _response_ref("Error401"),
+                "422": {
+                    "description": "The config did not load: the one in force stays.",
+                    "content": {JSON: {"schema": result}},
+                },
+            },
+        }
+    }
+
+
 def _components_responses() -> dict[str, Schema]:
     """One response per status, its description made from the error table's situations."""
     responses: dict[str, Schema] = {}
@@ -429,6 +463,7 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
         "/admin/backends/{name}/undrain": _admin(
             "undrainBackend", "End a backend's drain: it takes requests again", drain=False
         ),
+        "/admin/reload": _reload(),
         "/openapi.json": {
             "get": {
                 "operationId": "openapi",

@@ -618,7 +618,8 @@ async def send(flight: Flight) -> web.StreamResponse:
     if not shape.stream:
         flight.prefill_timer = end_prefill_when_predicted(scheduler, held)
     headers.update(queue_headers(record.queue_ms))
-    priority = state.settings.lanes.index(flight.admission.lane)
+    # By name: a reload may have changed the lane's settings since it was admitted.
+    priority = [lane.name for lane in state.settings.lanes].index(flight.admission.lane.name)
     blocked = resume_blocked(state, dialect, shape, flight.pool)
     stall = None if blocked else state.stall_rule
 

@@ -52,12 +52,14 @@ def make_logger(stream: TextIO | None = None, level: str = "info") -> Any:
     )
 
 
-def render_request_line(record: RequestRecord) -> str:
-    """The request's log line, newline included."""
+def render_request_line(record: RequestRecord, at: datetime | None = None) -> str:
+    """The request's log line, newline included; `at`: its time (now unless given: a
+    replay in virtual time stamps its lines with the virtual clock, so the analyzer reads
+    them as it reads a real run's)."""
     fields = record.log_fields()
     fields["event"] = "request"
     fields["level"] = "info"
-    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    fields["timestamp"] = (at or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
     try:
         line = _encode(fields)
         if line.isascii():

@@ -12,6 +12,7 @@ random names cannot grow the series without bound.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -44,6 +45,9 @@ class ModelMetrics:
             registry=registry,
         )
         registry.register(_PoolGauges(router))
+        # Each series' child, found once: `labels()` costs microseconds a request.
+        self._requests: dict[tuple[str, str, str], Any] = {}
+        self._ttft: dict[str, Any] = {}
 
     def label(self, model: str | None) -> str:
         """The model's label: its name when the config or a backend lists it."""
@@ -55,11 +59,17 @@ class ModelMetrics:
 
     def observe(self, record: RequestRecord) -> None:
         model = self.label(record.model)
-        outcome = record.outcome or "unknown"
-        self.requests.labels(model, record.pool or "none", outcome).inc()
+        key = (model, record.pool or "none", str(record.outcome or "unknown"))
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.requests.labels(*key)
+        counter.inc()
         ttft = record.ttft_ms
         if ttft is not None:
-            self.ttft.labels(model).observe(ttft / 1000.0)
+            histogram = self._ttft.get(model)
+            if histogram is None:
+                histogram = self._ttft[model] = self.ttft.labels(model)
+            histogram.observe(ttft / 1000.0)
 
 
 class _PoolGauges(Collector):

@@ -23,6 +23,8 @@ Pure arithmetic over timestamps the caller passes in.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections import deque
 
 #: An arrival finds every slot of its lane's headroom busy at most this often (the lane's
@@ -61,6 +63,22 @@ def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABIL
         if slots > load and slots * blocked / (slots - load * (1.0 - blocked)) <= wait_probability:
             return slots
     return most
+
+
+#: A lane's demand is rounded up to this fraction of an Erlang for `headroom_slots`'
+#: cache: it changes at every arrival and release, and each exact answer is a pass over
+#: the slots (rounded up, the answer is never fewer slots than the exact one).
+LOAD_STEP = 1 / 64
+
+
+def headroom_slots(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
+    """`slots_needed` for `load` rounded up to `LOAD_STEP`, from a cache."""
+    return _slots_needed_in_steps(math.ceil(load / LOAD_STEP), most, wait_probability)
+
+
+@functools.lru_cache(maxsize=4096)
+def _slots_needed_in_steps(steps: int, most: int, wait_probability: float) -> int:
+    return slots_needed(steps * LOAD_STEP, most, wait_probability)
 
 
 class ArrivalRate:

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
 from gateway.scheduling.fairness import FairQueue, TokenCost
-from gateway.scheduling.headroom import ArrivalRate, slots_needed
+from gateway.scheduling.headroom import ArrivalRate, headroom_slots
 from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
@@ -199,7 +199,7 @@ class LaneState:
     #: Its recent arrivals (admitted or not: its demand).
     arrivals: ArrivalRate = field(default_factory=ArrivalRate)
     #: Its demand in slots (arrival rate x slot hold), and the slots that demand needs
-    #: (`headroom.slots_needed`), as of its latest arrival or release.
+    #: (`headroom.headroom_slots`), as of its latest arrival or release.
     demand_slots: float = 0.0
     headroom: int = 0
 
@@ -238,14 +238,7 @@ class Scheduler:
             for lane in lanes
         ]
         self._by_name = {lane.name: lane for lane in self._lanes}
-        for index, lane in enumerate(self._lanes):
-            lane.higher = [
-                other
-                for other in self._lanes[:index]
-                if competes is None or competes(lane.name, other.name)
-            ]
-            for other in lane.higher:
-                other.lower.append(lane)
+        self._link(competes)
         self._source = source
         #: The one clock of every estimate (waits, hold times, promotion ages). Only the
         #: queue timeout and the end of a deferral are loop timers: they must fire.
@@ -259,6 +252,35 @@ class Scheduler:
         self.on_waiting: Callable[[str, bool], None] | None = None
         #: What a request costs its tenant (the output weight is learned by the sizer).
         self.cost = TokenCost()
+
+    def _link(self, competes: Callable[[str, str], bool] | None) -> None:
+        """Each lane's higher lanes (those before it that share a backend) and lower ones."""
+        for lane in self._lanes:
+            lane.higher, lane.lower = [], []
+        for index, lane in enumerate(self._lanes):
+            lane.higher = [
+                other
+                for other in self._lanes[:index]
+                if competes is None or competes(lane.name, other.name)
+            ]
+            for other in lane.higher:
+                other.lower.append(lane)
+
+    def reconfigure(
+        self,
+        lanes: Sequence[LaneSettings],
+        competes: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        """A reload: the same lanes, in the same order, with new settings, for the
+        requests that arrive from now on (queue depths, timeouts, promotion; the slot
+        limits and deadlines are the sizer's `refit`). What is queued stays in line; what
+        was learned (waits, holds, demand) stays. The lanes' names and order cannot
+        change here: their queues hold requests."""
+        assert [lane.name for lane in lanes] == [lane.name for lane in self._lanes]
+        for state, settings in zip(self._lanes, lanes, strict=True):
+            state.settings = settings
+        self._link(competes)
+        self._dispatch()
 
     @property
     def lanes(self) -> list[LaneState]:
@@ -743,7 +765,7 @@ class Scheduler:
         release (its rate, its hold time or both changed)."""
         hold = lane.hold_ewma_s
         lane.demand_slots = 0.0 if hold is None else lane.arrivals.per_s(now) * hold
-        lane.headroom = slots_needed(
+        lane.headroom = headroom_slots(
             lane.demand_slots,
             min(lane.slot_limit, lane.capacity),
             lane.settings.headroom_wait_probability,

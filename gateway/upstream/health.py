@@ -67,8 +67,9 @@ class HealthMonitor:
             await asyncio.sleep(self.settings.interval_s)
 
     async def check_all(self) -> None:
-        results = await asyncio.gather(*(self._check(b) for b in self.pool.backends))
-        for backend, healthy in zip(self.pool.backends, results, strict=True):
+        backends = list(self.pool.backends)  # a reload may change them meanwhile
+        results = await asyncio.gather(*(self._check(b) for b in backends))
+        for backend, healthy in zip(backends, results, strict=True):
             self.pool.set_health(backend, healthy)
         self.checked = True
 

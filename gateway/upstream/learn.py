@@ -53,6 +53,7 @@ def learn_from(record: RequestRecord, slot: Slot) -> None:
             slot.ahead_tokens,
             record.first_token - record.dispatched,
         )
+    slot.backend.refit_prefill_budget()
     tpot_ms = record.tpot_ms
     if tpot_ms is not None:
         model.observe_tpot(tpot_ms / 1000.0, slot.backend.in_flight)

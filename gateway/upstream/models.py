@@ -175,3 +175,11 @@ class ModelRouter:
 
     def of_backend(self, name: str) -> ModelPool | None:
         return next((p for p in self.pools if any(b.name == name for b in p.pool.backends)), None)
+
+    def reconfigure(
+        self, pools: Sequence[ModelPool], aliases: Sequence[ModelSettings], limits: LimitsSettings
+    ) -> None:
+        """A reload, or backends that came or went: the same router (the metrics read it)
+        over these pools, aliases and caps, for the requests resolved from now on."""
+        pick = self._pick
+        self.__init__(pools, aliases, pick=pick, limits=limits)  # type: ignore[misc]

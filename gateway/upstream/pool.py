@@ -100,6 +100,14 @@ BY_PREFIX, BY_SESSION, BY_LOAD = "prefix", "session", "load"
 #: The automatic prefill budget's ceiling: the fixed budget of earlier releases, which
 #: holds on CPU engines, where one long prompt alone is over it.
 MAX_AUTO_PREFILL_BUDGET_S = 0.5
+#: The automatic prefill budget's floor in prompt tokens: every engine we know prefills at
+#: least this many in one step (vLLM's, SGLang's and TGI's step budgets are 2048-8192
+#: tokens, llama.cpp's micro-batch 512), so prompts under it together cost about one
+#: step. Without it, traffic of short prompts only made "one long prompt" one of them,
+#: and one prompt prefilled at a time: 64 requests arriving together waited in the
+#: gateway for each other's first byte (the overhead benchmark's waves: TTFT p99 4x the
+#: passthrough's, 2x the fixed budget's).
+MIN_AUTO_PREFILL_BUDGET_TOKENS = 512
 #: A prompt whose own prefill (its tokens at the learned rate, without the first token's
 #: fixed cost) is at most this share of the budget rides along with the prefill in
 #: flight, as long as such small prompts together stay within one budget: one holds
@@ -196,6 +204,8 @@ class Backend:
     #: The budget is one long prompt's prefill at this backend's learned rate (at most
     #: `MAX_AUTO_PREFILL_BUDGET_S`), refitted by the sizer as both change.
     prefill_budget_auto: bool = False
+    #: The long prompt the automatic budget was last fitted to (the sizer's, each round).
+    budget_long_tokens: int = PRIOR_LONG_PROMPT_TOKENS
     weight: float = 1.0
     api_key: str | None = None
     priority_field: bool = False
@@ -211,6 +221,9 @@ class Backend:
     #: over at the drain deadline. It ends by `undrain`, or when the backend comes back
     #: from a failed health check (a restarted engine: the rollout's new version).
     draining: bool = False
+    #: A reload or DNS dropped it (`membership.py`): drained for good, never undrained by
+    #: its health checks, forgotten once idle.
+    leaving: bool = False
     #: The relays streaming from it now, each able to hand its stream over (`Watchdog`).
     streams: set[Any] = field(default_factory=set)
     in_flight: int = 0
@@ -262,6 +275,10 @@ class Backend:
     #: The model names it serves: the config's `models`, else what its engine lists.
     served: ServedModels = field(default_factory=ServedModels)
     _prefilling: set[Slot] = field(default_factory=set)
+    #: Prompt tokens in prefill of the slots that rode along (`rides_along` at dispatch):
+    #: kept as a count, not summed over the slots at each dispatch (a burst of 64 short
+    #: requests summed 2000 slots).
+    riding_tokens: int = 0
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> Backend:
@@ -288,10 +305,17 @@ class Backend:
         `MAX_AUTO_PREFILL_BUDGET_S`. A fixed 0.5 s let an H100 prefill eight long prompts
         at once, and a short request waited behind all of them inside the engine (the
         matrix: 3-4x the floor at 80% load); on a CPU one long prompt is over it and
-        goes alone, as before."""
+        goes alone, as before. Never under `MIN_AUTO_PREFILL_BUDGET_TOKENS`' prefill."""
         if self.prefill_budget_auto:
-            own = self.model.prefill_s(long_prompt_tokens)
+            self.budget_long_tokens = long_prompt_tokens
+            own = self.model.prefill_s(max(long_prompt_tokens, MIN_AUTO_PREFILL_BUDGET_TOKENS))
             self.prefill_budget_s = min(MAX_AUTO_PREFILL_BUDGET_S, own)
+
+    def refit_prefill_budget(self) -> None:
+        """The automatic budget again at once after a request taught the prefill rate,
+        not at the next health round: an H100 learned in its first second kept the
+        prior's 0.5 s for five, and prefilled six long prompts beside each short one."""
+        self.fit_prefill_budget(self.budget_long_tokens)
 
     @property
     def auth_headers(self) -> dict[str, str] | None:
@@ -323,13 +347,12 @@ class Backend:
             return False
         if self.prefill_budget_s:
             if self.rides_along(prompt_tokens):
-                # Small prompts together stay within one budget beside the long one.
-                riding = sum(
-                    slot.prefill_s
-                    for slot in self._prefilling
-                    if self.rides_along(slot.prompt_tokens)
-                )
-                return riding + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
+                # Small prompts together stay within one budget beside the long one, by
+                # their work (tokens at the learned rate): the first token's fixed cost is
+                # paid once per engine step, not once per prompt (counted per prompt, a
+                # 20 ms prior let four 10-token prompts prefill at once).
+                rate = self.model.prefill_tokens_per_s
+                return (self.riding_tokens + prompt_tokens) / rate <= self.prefill_budget_s
             in_prefill = self.prefilling_s + self.others_prefilling_s + kept.prefill_s
             return in_prefill + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
         return True
@@ -409,6 +432,8 @@ class Slot:
     adapter: str | None = None
     #: The model it was routed for (an answer carried over goes where that is served).
     model: str | None = None
+    #: Its prompt rode along beside the prefill in flight (`Backend.rides_along`).
+    riding: bool = False
 
 
 class BackendPool:
@@ -423,17 +448,12 @@ class BackendPool:
         routing: RoutingSettings | None = None,
         clock: Callable[[], float],
     ) -> None:
-        self.backends = backends
+        self.backends: list[Backend] = []
         self.health = health or HealthSettings()
         self.routing = routing or RoutingSettings()
-        for backend in backends:
-            backend.prefixes.capacity_tokens = self.routing.prefix_memory_tokens
         self.clock = clock
-        by_name = {b.name: b for b in backends}
-        self._lane_backends = {
-            lane: backends if names is None else [by_name[n] for n in names if n in by_name]
-            for lane, names in (lane_backends or {}).items()
-        }
+        self._lane_backends: dict[str, list[Backend]] = {}
+        self.set_members(backends, lane_backends or {})
         #: Called when a backend may have become available again (the scheduler's dispatch).
         self.on_available: Callable[[], None] = lambda: None
         #: Called when a slot's prompt leaves prefill, and when a slot is given back (the
@@ -442,6 +462,23 @@ class BackendPool:
         self.on_give_back: Callable[[Slot], None] | None = None
         #: Each LoRA adapter's last backend, so its requests stay together.
         self._adapter_home: dict[str, str] = {}
+
+    def set_members(
+        self, backends: list[Backend], lane_backends: Mapping[str, Collection[str] | None]
+    ) -> None:
+        """Its backends, and which of them each lane may use (by name; a lane not named
+        may use all). At start, and when a reload or DNS changes them (`live/`): a backend
+        that left is no longer chosen; its requests in flight still give their slots back
+        to it, the object they hold."""
+        for backend in backends:
+            if backend not in self.backends:
+                backend.prefixes.capacity_tokens = self.routing.prefix_memory_tokens
+        self.backends = list(backends)
+        by_name = {b.name: b for b in backends}
+        self._lane_backends = {
+            lane: self.backends if names is None else [by_name[n] for n in names if n in by_name]
+            for lane, names in lane_backends.items()
+        }
 
     def backends_of(self, lane: str) -> list[Backend]:
         return self._lane_backends.get(lane, self.backends)
@@ -793,6 +830,9 @@ class BackendPool:
         backend.prefilling_s += slot.prefill_s
         backend.outstanding_tokens += prompt_tokens + output_tokens
         backend._prefilling.add(slot)
+        if backend.prefill_budget_s and backend.rides_along(prompt_tokens):
+            slot.riding = True
+            backend.riding_tokens += uncached
         if prefix is not None:
             backend.prefixes.add(prefix)
         return slot
@@ -810,6 +850,8 @@ class BackendPool:
             slot.prefilling = False
             backend = slot.backend
             backend.prefilling_tokens -= slot.prefill_tokens
+            if slot.riding:
+                backend.riding_tokens -= slot.prefill_tokens
             backend._prefilling.discard(slot)
             # Summed floats drift: recompute the total from what is left.
             backend.prefilling_s = (
@@ -885,7 +927,7 @@ class BackendPool:
         """The result of an active check. A drained backend that failed its check and
         passes again was restarted (the new version of a rollout): it serves again."""
         came_back = healthy and not backend.healthy
-        if came_back:
+        if came_back and not backend.leaving:
             backend.draining = False
         if not healthy:
             backend.prefixes.clear()  # down (maybe restarting): its cache is gone

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway.config import TimeoutSettings
 from gateway.observability.record import RequestRecord, clock
-from gateway.outcomes import BackendError, BackendTimeout, Outcome, Refusal
+from gateway.outcomes import BackendError, BackendTimeout, Outcome, Refusal, ShuttingDown
 from gateway.upstream.engine_timings import llamacpp_timings, tgi_headers
 from gateway.upstream.pool import Backend
 from gateway.upstream.seam import RelayedEvents
@@ -160,6 +160,17 @@ class BackendFailure(BackendError):
 BROKEN, STALLED, DRAINED = "broken", "stalled", "drained"
 #: The watchdog's expiries that, mid-answer, are a stalled backend (resumed elsewhere).
 STALL_KINDS = frozenset({"stall", "idle"})
+#: The watchdog's expiry when this gateway stops (SIGTERM's drain deadline, `app.drain`):
+#: the stream ends here with a `shutting_down` event, and its slot is given back.
+SHUTDOWN = "shutdown"
+
+
+def shutdown_cut() -> ShuttingDown:
+    """What a request still running at the drain deadline is told."""
+    return ShuttingDown(
+        "This gateway is shutting down; retry the request on another instance.",
+        retry_after_s=1,
+    )
 
 
 class StreamBroken(Exception):
@@ -263,6 +274,11 @@ class Watchdog:
         if self.expired is None:
             self._expire(DRAINED)
 
+    def shut_down(self) -> None:
+        """The gateway's own drain deadline came: end the request here (`app.drain`)."""
+        if self.expired is None:  # (one being handed over has its next leg's watchdog)
+            self._expire(SHUTDOWN)
+
     def stop(self) -> None:
         self._handle.cancel()
 
@@ -346,6 +362,11 @@ async def relay(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired == SHUTDOWN:
+            if client_response is None or not watchdog.streaming:
+                raise shutdown_cut() from None  # the handler answers 503
+            await cut_at_shutdown(client_response, plan, record)
+            return client_response
         if watchdog.expired == DRAINED:
             if client_response is None or not watchdog.streaming:
                 raise BackendFailure(f"Backend {plan.backend.name} is drained.") from None
@@ -547,6 +568,18 @@ async def _fail_stream(
     record.error_code = error.code
     await end_with_error(client_response, plan.error_event(error))
     return client_response
+
+
+async def cut_at_shutdown(
+    client_response: web.StreamResponse, plan: RelayPlan, record: RequestRecord
+) -> None:
+    """A stream still running at the gateway's drain deadline: its last event says so,
+    with the retry hint, and its record the refusal (the client got a 200 and part of
+    the answer)."""
+    cut = shutdown_cut()
+    record.outcome, record.error_code = cut.outcome, cut.code
+    record.retry_after_s = cut.retry_after_s
+    await end_with_error(client_response, plan.error_event(cut))
 
 
 async def end_with_error(client_response: web.StreamResponse, event: bytes) -> None:

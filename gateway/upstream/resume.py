@@ -34,12 +34,14 @@ from gateway.upstream.pool import Backend, BackendPool
 from gateway.upstream.relay import (
     BROKEN,
     DRAINED,
+    SHUTDOWN,
     STALLED,
     BackendFailure,
     RelayPlan,
     StreamBroken,
     UpstreamClient,
     Watchdog,
+    cut_at_shutdown,
     end_stream,
     end_with_error,
 )
@@ -237,6 +239,10 @@ async def relay_continuation(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired == SHUTDOWN:  # the client's stream is open: its end says so
+            await cut_at_shutdown(client_response, plan, record)
+            record.completion_tokens = stream.total_tokens
+            return
         if watchdog.expired == DRAINED:
             if not watchdog.streaming:
                 raise BackendFailure(f"Backend {plan.backend.name} is drained.") from None

@@ -28,6 +28,7 @@ it from there. A backend that answers none of this is simply not sized by it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,10 @@ KV_FULL = 0.9
 SILENT_METRICS_BACKOFF = 10
 #: Before a lower lane's slot hold is measured: the output of a long request ahead.
 PRIOR_LONG_OUTPUT_TOKENS = 256
+#: Scrapes in a row of an engine running all the slots its learned batch allows, with
+#: none waiting, before more are tried (it may batch more than it was seen to): an
+#: eighth more, at least one.
+BATCH_PROBE_SCRAPES = 3
 
 
 @dataclass(slots=True)
@@ -74,6 +79,16 @@ class _Known:
     queued_running: float | None = None
     logged_prefill_rate: float = 0.0
     logged_token_ratio: float = 1.0
+    #: The most requests the engine was seen to run while others waited inside it: its
+    #: batch, where its reported slots are a router's limit (TGI's 128); None: not seen.
+    batch: int | None = None
+    #: The most requests it was ever seen to run (a queue below that is not for want of
+    #: room in its batch).
+    peak_running: int = 0
+    #: Scrapes in a row it ran all of `batch` with none waiting (`BATCH_PROBE_SCRAPES`).
+    batch_full_scrapes: int = 0
+    #: Its facts were asked for once (a backend that joined since is asked at once).
+    asked: bool = False
 
 
 def _queued_scrapes(known: _Known, load: EngineLoad) -> int:
@@ -88,7 +103,14 @@ def _queued_scrapes(known: _Known, load: EngineLoad) -> int:
         return 0
     if not known.queued_scrapes:
         return 1
-    at_limit = load.running is not None and load.running == known.queued_running
+    # At its peak too: a whole-prompt engine also queues behind one long prefill, its
+    # running unchanged meanwhile (TGI at 50% load: 4 waiting beside 3 running, of the 16
+    # it had run; held at 3, every lane stood still until the next scrape, 5 s).
+    at_limit = (
+        load.running is not None
+        and load.running == known.queued_running
+        and load.running >= known.peak_running
+    )
     kv_full = load.kv_usage is not None and load.kv_usage >= KV_FULL
     return known.queued_scrapes + 1 if at_limit or kv_full else 1
 
@@ -111,7 +133,8 @@ class BackendSizer:
         self.limits_in_force = settings.limits
         #: The same for the caps of models with their own (`[[models]] limits`).
         self._in_force: dict[LimitsSettings, LimitsSettings] = {}
-        self._known = {backend.name: _Known() for backend in pool.backends}
+        #: By backend name; one that joins later (a reload, DNS) gets its entry then.
+        self._known: defaultdict[str, _Known] = defaultdict(_Known)
         self._rounds = 0
         #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
         self.floors: dict[str, float] = {}
@@ -122,6 +145,12 @@ class BackendSizer:
         #: rate): from then until the rate is learned, the deadlines are provisional.
         self._sent_unpredictable = False
         self.refit(quiet=True)
+
+    def reconfigure(self, settings: Settings) -> None:
+        """A reload: the caps, lanes and routing in force from now on (`refit` follows)."""
+        self.settings = settings
+        self.limits_in_force = self.limits()
+        self._in_force.clear()
 
     def note_prompt(self, lane: str, prompt_tokens: int) -> None:
         """A request of `lane` with this prompt is about to queue: its size is a sample of
@@ -146,10 +175,12 @@ class BackendSizer:
 
     async def _round(self, questions: BackendQuestions) -> None:
         facts_round = self._rounds % FACTS_EVERY_ROUNDS == 0
-        if facts_round:
-            for backend in self.pool.backends:
+        for backend in list(self.pool.backends):
+            known = self._known[backend.name]
+            if facts_round or not known.asked:
+                known.asked = True
                 self.apply_facts(backend, await questions.facts(backend))
-        for backend in self.pool.backends:
+        for backend in list(self.pool.backends):
             known = self._known[backend.name]
             if not facts_round and self._serves_lora(known):
                 listed = await questions.adapters(backend)
@@ -199,6 +230,10 @@ class BackendSizer:
         else:
             backend.lora.note_scrape(lora.running, lora.waiting, lora.max_lora, scraped_at)
 
+    def forget(self, name: str) -> None:
+        """A backend left the pool for good (a reload dropped it, DNS no longer lists it)."""
+        self._known.pop(name, None)
+
     def facts_of(self, backend: Backend) -> BackendFacts | None:
         return self._known[backend.name].facts
 
@@ -211,7 +246,7 @@ class BackendSizer:
             self.learned_state.check_facts(backend, facts)
         backend.lora.note_listed(facts.adapters or ())
         if facts.slots and not backend.concurrency_configured:
-            backend.max_concurrency = facts.slots
+            backend.max_concurrency = min(facts.slots, known.batch or facts.slots)
         backend.engine_context_tokens = facts.context_tokens
         if not backend.engine_configured:
             backend.engine = facts.engine
@@ -278,6 +313,9 @@ class BackendSizer:
         was_queued = backend.engine_limit is not None
         known.queued_scrapes = _queued_scrapes(known, load)
         known.queued_running = load.running
+        if load.running is not None:
+            known.peak_running = max(known.peak_running, int(load.running))
+        self._learn_batch(backend, known, load)
         # A queue seen once may be a request between two engine steps: hold on the second.
         backend.note_engine_load(
             load.waiting,
@@ -295,6 +333,37 @@ class BackendSizer:
                 holding_at=backend.engine_limit,
             )
         known.load = load
+
+    def _learn_batch(self, backend: Backend, known: _Known, load: EngineLoad) -> None:
+        """The engine's own batch, where the config does not set the slots: what it runs
+        when it is full (a queue inside it, two scrapes at its peak running count, or its
+        KV cache full: `_queued_scrapes`).
+
+        TGI's /info reports its router's limit (128) while its batch is bounded by KV
+        tokens (32 sequences of a chat mix on an A10G): sent 128, the requests past its
+        batch wait inside it for a whole answer to end, where no lane can put a short one
+        first (the matrix: 2.1-2.5x the floor at 80% load). Learned, the batch becomes the
+        slots the lanes share. It is probed upward one slot at a time while the engine
+        runs all of it with none waiting, since a batch bounded by tokens grows when the
+        requests are smaller."""
+        if backend.concurrency_configured or load.running is None:
+            return
+        running = int(load.running)
+        full = known.queued_scrapes >= QUEUED_SCRAPES_TO_HOLD
+        if full and 0 < running < backend.max_concurrency:
+            known.batch = backend.max_concurrency = running
+            known.batch_full_scrapes = 0
+            self.events.info("engine_batch_learned", backend=backend.name, slots=running)
+            return
+        if known.batch is None or running < known.batch or (load.waiting or 0) >= 1:
+            known.batch_full_scrapes = 0
+            return
+        known.batch_full_scrapes += 1
+        reported = known.facts.slots if known.facts is not None else None
+        if known.batch_full_scrapes >= BATCH_PROBE_SCRAPES and (reported or 0) > known.batch:
+            more = known.batch + max(1, known.batch // 8)
+            known.batch = backend.max_concurrency = min(reported or more, more)
+            known.batch_full_scrapes = 0
 
     def _apply_window(self, backend: Backend, known: _Known, load: EngineLoad) -> None:
         """The engine's histograms against the last scrape's: the window's mean split, and
@@ -470,6 +539,7 @@ class BackendSizer:
                     else ("engine" if facts and facts.slots else "default"),
                     "in_flight": backend.in_flight,
                     "draining": backend.draining,
+                    "leaving": backend.leaving,
                     "prefilling_s": round(backend.prefilling_s, 3),
                     "engine": None if facts is None else facts.engine,
                     "context_tokens": None if facts is None else facts.context_tokens,

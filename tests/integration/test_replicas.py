@@ -105,8 +105,14 @@ async def test_leases_hold_the_backends_slots_across_replicas(
         assert replica.state.in_flight == 0
         assert all(b.free_slots >= 0 for b in replica.state.pool.backends)
     client = aioredis.Redis.from_url(redis_server.url)
+
+    async def every_lease_given_back() -> bool:
+        # Given back in the background once the answer ended: on a loaded machine it
+        # may land just after the client read its last byte.
+        return await client.zcard(f"llmgw:slots:{backend}") == 0
+
     try:
-        assert await client.zcard(f"llmgw:slots:{backend}") == 0, "every lease was given back"
+        await eventually(every_lease_given_back, within_s=5.0)
     finally:
         await client.aclose()
 

@@ -6,7 +6,14 @@ import asyncio
 
 import pytest
 
-from gateway.scheduling.headroom import QUIET_S, ArrivalRate, erlang_c, slots_needed
+from gateway.scheduling.headroom import (
+    LOAD_STEP,
+    QUIET_S,
+    ArrivalRate,
+    erlang_c,
+    headroom_slots,
+    slots_needed,
+)
 from gateway.scheduling.scheduler import Grant, Scheduler
 from tests.scheduling.test_scheduler import Clock, make, settle
 
@@ -24,6 +31,14 @@ def test_slots_needed_grows_with_the_load_and_is_capped() -> None:
     assert needed == sorted(needed) and needed[0] < needed[-1]
     assert erlang_c(slots_needed(4.0, 64), 4.0) <= 0.1 < erlang_c(slots_needed(4.0, 64) - 1, 4.0)
     assert slots_needed(20.0, 8) == 8
+
+
+def test_headroom_slots_from_the_cache_are_never_fewer_than_the_exact_answer() -> None:
+    for step in range(0, 64 * 40, 7):
+        load = step * LOAD_STEP + 0.3 * LOAD_STEP  # between two steps
+        exact = slots_needed(load, 64)
+        assert exact <= headroom_slots(load, 64) <= slots_needed(load + LOAD_STEP, 64)
+        assert headroom_slots(step * LOAD_STEP, 64) == slots_needed(step * LOAD_STEP, 64)
 
 
 def test_an_arrival_rate_falls_while_nothing_arrives_and_is_zero_when_quiet() -> None:

@@ -139,3 +139,20 @@ def test_without_the_engines_prefill_the_ttft_teaches_as_before() -> None:
     report = EngineReport(queue_s=0.5, inference_s=1.0)
     record, slot = served(prompt_tokens=2000, report=report, stream=False)
     assert engine_prefill_sample(record, slot) is None
+
+
+def test_the_automatic_prefill_budget_follows_the_rate_a_request_taught_at_once() -> None:
+    """An H100 learned in its first second kept the prior's 0.5 s budget until the next
+    health round, five seconds, and prefilled six long prompts beside each short one."""
+    _, slot = served()
+    backend = slot.backend
+    backend.prefill_budget_auto = True
+    backend.fit_prefill_budget(4500)
+    before = backend.prefill_budget_s
+    assert before == pytest.approx(0.5)  # 4500 tokens at the prior's 8192/s is over it
+    for _ in range(5):  # long prompts answered at 50k tokens/s
+        record, each = served(prompt_tokens=4500, ttft_s=0.02 + 4500 / 50_000)
+        each.backend = backend
+        learn_from(record, each)
+    assert backend.prefill_budget_s < before / 3
+    assert backend.prefill_budget_s == pytest.approx(backend.model.prefill_s(4500))

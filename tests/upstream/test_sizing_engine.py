@@ -10,18 +10,24 @@ llama.cpp server in the engine matrix, requests the engine served a moment later
 from __future__ import annotations
 
 import io
+import time
 
 import msgspec
 
 from gateway.app import build_pools
 from gateway.config import BackendSettings, load_settings
 from gateway.observability.logs import make_logger
-from gateway.upstream.pool import MAX_AUTO_PREFILL_BUDGET_S, Backend
+from gateway.upstream.pool import (
+    MAX_AUTO_PREFILL_BUDGET_S,
+    MIN_AUTO_PREFILL_BUDGET_TOKENS,
+    Backend,
+    BackendPool,
+)
 from gateway.upstream.sizing import _Known, _queued_scrapes
 from gateway.upstream.telemetry import EngineLoad
 
 
-def sizer_with_slots(slots: int):  # type: ignore[no-untyped-def]
+def sizer_with_slots(slots: int | None):  # type: ignore[no-untyped-def]
     settings = load_settings(None)
     backend = BackendSettings(url="http://floor.invalid", name="b0", max_concurrency=slots)
     settings = msgspec.structs.replace(settings, backends=[backend])
@@ -74,6 +80,7 @@ def scrapes(*loads: EngineLoad) -> int:
     for each in loads:
         known.queued_scrapes = _queued_scrapes(known, each)
         known.queued_running = each.running
+        known.peak_running = max(known.peak_running, int(each.running or 0))
     return known.queued_scrapes
 
 
@@ -86,6 +93,49 @@ def test_an_engine_at_its_limit_with_requests_waiting_is_a_queue() -> None:
     assert scrapes(load(3, 16), load(4, 16)) >= 2  # at its batch limit
     assert scrapes(load(3, 20, 0.95), load(2, 18, 0.97)) >= 2  # out of KV cache
     assert scrapes(load(3, 16), load(0, 12), load(3, 16)) == 1
+
+
+def test_a_queue_behind_one_long_prefill_is_not_a_full_batch() -> None:
+    # A whole-prompt engine (TGI) queues new requests while it prefills a long prompt,
+    # its running unchanged meanwhile: 3 running of the 16 it ran before is not full.
+    assert scrapes(load(0, 16), load(1, 3), load(4, 3)) < 2
+    assert scrapes(load(0, 16), load(1, 16), load(4, 16)) >= 2
+
+
+def test_an_engine_that_reports_a_routers_limit_has_its_batch_learned() -> None:
+    """TGI's /info says 128 (its router's limit) while it batches 32: the slots the lanes
+    share become the 32 it runs when full, and grow again while it runs all of them
+    with none waiting (a batch bounded by KV tokens is larger for smaller requests)."""
+    from gateway.upstream.sizing import BATCH_PROBE_SCRAPES
+    from gateway.upstream.telemetry import BackendFacts
+
+    sizer, scheduler = sizer_with_slots(None)
+    backend = sizer.pool.backends[0]
+    told = BackendFacts(engine="tgi", slots=128)
+    sizer.apply_facts(backend, told)
+    assert backend.max_concurrency == 128
+    sizer.apply_load(backend, load(0, 20))
+    sizer.apply_load(backend, load(3, 32))
+    backend.in_flight = 35
+    sizer.apply_load(backend, load(3, 32))
+    assert backend.max_concurrency == 32
+    sizer.refit()
+    assert scheduler.lane(sizer.settings.lanes[-1].name).capacity == 32
+    # Its facts asked again do not undo what was learned.
+    sizer.apply_facts(backend, BackendFacts(engine="tgi", slots=128, context_tokens=4096))
+    assert backend.max_concurrency == 32
+    # Running all 32 with none waiting, scrape after scrape: one more eighth is tried.
+    for _ in range(BATCH_PROBE_SCRAPES):
+        sizer.apply_load(backend, load(0, 32))
+    assert backend.max_concurrency == 36
+
+
+def test_configured_slots_are_never_learned_over() -> None:
+    sizer, _ = sizer_with_slots(64)
+    backend = sizer.pool.backends[0]
+    for _ in range(3):
+        sizer.apply_load(backend, load(3, 30))
+    assert backend.max_concurrency == 64
 
 
 def test_no_deadline_refusal_rests_on_figures_not_learned() -> None:
@@ -106,3 +156,23 @@ def test_no_deadline_refusal_rests_on_figures_not_learned() -> None:
         backend.model.observe_ttft(1500, 0, 0.02 + 1500 / 20_000)
     sizer.refit()
     assert scheduler.lane(short.name).deadline_s == short.queue_timeout_s
+
+
+def test_short_prompts_alone_prefill_together_not_one_at_a_time() -> None:
+    """Traffic of short prompts only: "a long prompt" is one of them, and the automatic
+    budget was one of their prefills, so each waited for the one before's first byte
+    (64 arriving together: the last one 63 first bytes late). The budget is at least
+    MIN_AUTO_PREFILL_BUDGET_TOKENS' prefill, and riding prompts count by their tokens."""
+    backend = Backend.from_settings(BackendSettings(url="http://b.invalid", name="b"))
+    backend.max_concurrency = 256
+    backend.fit_prefill_budget(11)  # every prompt seen was 11 tokens
+    assert backend.prefill_budget_s >= backend.model.prefill_s(MIN_AUTO_PREFILL_BUDGET_TOKENS)
+    pool = BackendPool([backend], clock=time.monotonic)
+    slots = []
+    while (slot := pool.try_take("interactive", 11)) is not None and len(slots) < 64:
+        slots.append(slot)
+    assert len(slots) >= 48  # within one budget of their tokens (it was 1, then 4)
+    assert backend.riding_tokens == len(slots) * 11
+    for slot in slots:
+        pool.give_back(slot)
+    assert backend.riding_tokens == 0 and backend.prefilling_tokens == 0

@@ -97,7 +97,9 @@ SLOT_RULE = (
     f"in flight = the backend's requests dispatched (arrival + ttft_ms − backend_ttft_ms, "
     f"else + queue_ms) and not ended when each was sent, itself included; a request queued "
     f"in the engine when engine_queue_ms > {NO_QUEUE_MS:g} ms, > {NO_QUEUE_SHARE:.0%} of "
-    f"its prefill and > {NO_QUEUE_STEPS:g} of its decode steps (tpot_ms); a count is judged with ≥ {SLOT_MIN_SAMPLES} requests and queues when more "
+    f"its prefill and > {NO_QUEUE_STEPS:g} of its decode steps (tpot_ms), and not for a "
+    f"step (no request there ended meanwhile) nor mostly behind a bigger prompt's prefill; "
+    f"a count is judged with ≥ {SLOT_MIN_SAMPLES} requests and queues when more "
     f"than {SLOT_QUEUED_SHARE:.0%} of them did; advised max_concurrency = the highest "
     f"queue-free count below the lowest queueing one"
 )
@@ -190,7 +192,12 @@ def queued_in_engine(record: Record) -> bool | None:
     wait = number(record, "engine_queue_ms")
     if wait is None:
         return None
-    return wait > max(
+    return wait > _no_queue_ms(record)
+
+
+def _no_queue_ms(record: Record) -> float:
+    """The engine wait that is bookkeeping or the step under way, not a queue."""
+    return max(
         NO_QUEUE_MS,
         NO_QUEUE_SHARE * (number(record, "prefill_ms") or 0.0),
         NO_QUEUE_STEPS * (number(record, "tpot_ms") or 0.0),
@@ -240,6 +247,26 @@ def behind_prefill(spans: list[tuple[float, float, Record]]) -> set[int]:
     return found
 
 
+def no_seat_freed(spans: list[tuple[float, float, Record]]) -> set[int]:
+    """The requests (by `id`) that queued in the engine while no request there ended: an
+    engine seats a waiting request only when a running one ends, so a wait with no end in
+    it was for a step, not for a place in the batch. A burst sent at once to an idle
+    8-sequence engine waits a few steps for its prefills (40-55 ms beside 9 ms decode
+    steps), and read as a batch place that advice was "max_concurrency 1" for one of two
+    identical engines and 8 for the other."""
+    ends = sorted(stop for _, stop, _ in spans)
+    found: set[int] = set()
+    for start, _, record in spans:
+        if not queued_in_engine(record):
+            continue
+        seated = start + (number(record, "engine_queue_ms") or 0.0) / 1000.0
+        slack = _no_queue_ms(record) / 1000.0
+        first = bisect.bisect_left(ends, start + HANDOVER_S)
+        if first >= len(ends) or ends[first] > seated + slack:
+            found.add(id(record))
+    return found
+
+
 def _covered(intervals: list[tuple[float, float]]) -> float:
     """Seconds covered by the union of these intervals."""
     total, reach = 0.0, float("-inf")
@@ -255,6 +282,7 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
     starts = sorted(start for start, _, _ in spans)
     stops = sorted(stop for _, stop, _ in spans)
     interference = behind_prefill(spans)
+    unseated = no_seat_freed(spans) - interference
     by_count: dict[int, list[Record]] = defaultdict(list)
     for start, _, record in spans:
         # Sent before or with it and not ended by then, itself included. A request that
@@ -266,7 +294,10 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
     table: dict[int, dict[str, Any]] = {}
     for count in sorted(by_count):
         known = [r for r in by_count[count] if queued_in_engine(r) is not None]
-        queued = sum(bool(queued_in_engine(r)) and id(r) not in interference for r in known)
+        queued = sum(
+            bool(queued_in_engine(r)) and id(r) not in interference and id(r) not in unseated
+            for r in known
+        )
         waits = [w for r in known if (w := number(r, "engine_queue_ms")) is not None]
         table[count] = {
             "requests": len(by_count[count]),
@@ -281,9 +312,18 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         if row["queued"] > SLOT_QUEUED_SHARE * row["with_engine_queue_ms"]
     ]
     first_queued = min(queueing) if queueing else None
+    # A full batch admits no more without a queue: requests sent at a higher count that
+    # all started at once say the queue was not for a place in it (vLLM on an H100,
+    # prefill-heavy: 3 of 16 queued at 28 in flight behind prefill chunks, 0 of 5 at 29).
+    unqueued_above = [
+        c for c, row in judged.items() if first_queued is not None and c > first_queued
+        and not row["queued"]
+    ]  # fmt: skip
     free = [c for c in judged if first_queued is not None and c < first_queued]
-    advised = max(free) if free else None
-    ran = engine_ran(spans) if first_queued is not None else None
+    advised = max(free) if free and not unqueued_above else None
+    ran = None
+    if first_queued is not None and not unqueued_above:
+        ran = engine_ran(spans, interference | unseated)
     basis = None
     if advised is not None:
         basis = f"none queued in the engine at ≤ {advised} in flight, queued from {first_queued}"
@@ -299,8 +339,19 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
             "prefill (chunked prefill: prefill interference, not too many slots; the "
             "gateway's prefill budget bounds it), none for a batch place"
         )
+    elif first_queued is None and unseated:
+        note = (
+            f"{len(unseated)} requests waited in the engine while none there ended (for "
+            "its steps, not for a place in its batch), none for a batch place"
+        )
     elif first_queued is None:
         note = "no in-flight count queued in the engine"
+    elif unqueued_above:
+        note = (
+            f"requests queued in the engine at {first_queued} in flight but none at "
+            f"{min(unqueued_above)}: not for a place in its batch (behind other prompts' "
+            "prefill)"
+        )
     elif advised is None and first_queued == 1:
         note = "requests queued in the engine even when sent alone (is it shared with others?)"
     elif advised is None:
@@ -315,11 +366,15 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         "basis": basis,
         "note": note,
         "behind_prefill": len(interference),
+        "no_seat_freed": len(unseated),
         "by_in_flight": {str(c): row for c, row in table.items()},
     }
 
 
-def engine_ran(spans: list[tuple[float, float, Record]]) -> int | None:
+def engine_ran(
+    spans: list[tuple[float, float, Record]],
+    not_seat_waits: frozenset[int] | set[int] = frozenset(),
+) -> int | None:
     """How many requests the engine ran at once while others waited in it: the median,
     over the requests that queued there, of those running (seated: dispatched plus their
     engine queue, and not ended) halfway through each one's run, itself included. A
@@ -333,7 +388,9 @@ def engine_ran(spans: list[tuple[float, float, Record]]) -> int | None:
     counts = [
         sum(1 for other_start, other_stop, _ in runs if other_start <= middle < other_stop)
         for seated, stop, record in runs
-        if queued_in_engine(record) and (middle := (seated + stop) / 2.0) >= seated
+        if queued_in_engine(record)
+        and id(record) not in not_seat_waits
+        and (middle := (seated + stop) / 2.0) >= seated
     ]
     if len(counts) < SLOT_MIN_SAMPLES:
         return None

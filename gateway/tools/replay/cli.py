@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "gateway is at most this, e.g. interactive=2s")  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help='write {"direct": RUN, "gateway": RUN}')
     parser.add_argument("--html", metavar="FILE", help="write the table as an HTML page")
+    parser.add_argument("--log", metavar="FILE",
+                        help="write the gateway run's request log (JSON lines stamped with the "
+                        "virtual clock from 2026-01-01), for `gateway analyze`")  # fmt: skip
 
 
 def engine_model(
@@ -154,21 +157,24 @@ def _backend(fields: dict[str, Any]) -> Any:
     return BackendSettings(**fields)
 
 
-def replay(arrivals: list[Arrival], settings: Settings, config: SimulatorConfig) -> dict[str, Any]:
-    """Both runs, summarised. The two are independent, so a long source runs them in two
-    processes at once: the hour of the Azure trace took 118 s one after the other on a
-    2-core machine, its target is under 2 minutes."""
+def replay(
+    arrivals: list[Arrival], settings: Settings, config: SimulatorConfig, log: str | None = None
+) -> dict[str, Any]:
+    """Both runs, summarised; `log`: a file for the gateway run's request lines. The two
+    are independent, so a long source runs them in two processes at once: the hour of the
+    Azure trace took 118 s one after the other on a 2-core machine, its target is under 2
+    minutes."""
     classes = [classify(a, settings) for a in arrivals]
     if len(arrivals) < PARALLEL_FROM or (os.cpu_count() or 1) < 2:
         return {
             "direct": _direct_summary(arrivals, classes, settings, config),
-            "gateway": _gateway_summary(arrivals, classes, settings, config),
+            "gateway": _gateway_summary(arrivals, classes, settings, config, log),
         }
     # forkserver: a clean child (no copy of a caller's threads or event loop) that is
     # cheaper to start than spawn once its server runs.
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver")) as pool:
         direct = pool.submit(_direct_summary, arrivals, classes, settings, config)
-        gateway = pool.submit(_gateway_summary, arrivals, classes, settings, config)
+        gateway = pool.submit(_gateway_summary, arrivals, classes, settings, config, log)
         return {"direct": direct.result(), "gateway": gateway.result()}
 
 
@@ -178,8 +184,11 @@ def _direct_summary(arrivals: list[Arrival], classes: list[str], settings: Setti
 
 
 def _gateway_summary(arrivals: list[Arrival], classes: list[str], settings: Settings,
-                     config: SimulatorConfig) -> dict[str, Any]:  # fmt: skip
-    return summary(run_gateway(arrivals, classes, settings, config))
+                     config: SimulatorConfig, log: str | None = None) -> dict[str, Any]:  # fmt: skip
+    if log is None:
+        return summary(run_gateway(arrivals, classes, settings, config))
+    with open(log, "w") as lines:
+        return summary(run_gateway(arrivals, classes, settings, config, lines))
 
 
 def _target(spec: str) -> tuple[str, float]:
@@ -226,7 +235,7 @@ def main(args: argparse.Namespace) -> int:
     for line in pool_lines(arrivals, settings, config):
         print(line)
     started = time.perf_counter()
-    result = replay(arrivals, settings, config)
+    result = replay(arrivals, settings, config, args.log)
     print(table(result))
     print(f"replayed in {time.perf_counter() - started:.1f} s wall")
     if target is not None:

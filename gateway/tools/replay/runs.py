@@ -18,6 +18,7 @@ import io
 import itertools
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from gateway.admission.admit import RequestShape, admit
@@ -40,6 +41,8 @@ from gateway.upstream.sizing import BackendSizer
 
 #: The class of a request no lane admits (the gateway refuses it; direct, it is sent anyway).
 UNADMITTED = "unadmitted"
+#: The wall-clock time of virtual second 0 in a replay's request log.
+VIRTUAL_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @dataclass(slots=True)
@@ -259,7 +262,8 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
                 learn_from(record, grant.slot)
                 scheduler.release(grant, arrival.prompt_tokens, record.completion_tokens or 0)
             if log is not None:
-                log.write(render_request_line(record))
+                at = VIRTUAL_EPOCH + timedelta(seconds=loop.time())
+                log.write(render_request_line(record, at))
 
     await feed(arrivals, classes, one)
     run.virtual_s = loop.time()

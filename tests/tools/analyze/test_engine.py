@@ -255,6 +255,10 @@ def chunked_engine_spans(with_long_prompts: bool) -> list[tuple[float, float, di
             long = {"prompt_tokens": 3000, "backend_ttft_ms": 600.0, "prefill_ms": 600.0,
                     "engine_queue_ms": 0.0, "tpot_ms": 12.0}  # fmt: skip
             spans.append((float(second), second + 6.0, long))
+        else:  # a full engine instead: a running request ends as the waiting ones are seated
+            done = {"prompt_tokens": 50, "backend_ttft_ms": 20.0, "prefill_ms": 20.0,
+                    "engine_queue_ms": 0.0, "tpot_ms": 12.0}  # fmt: skip
+            spans.append((second - 1.0, second + 0.6, done))
         for k in range(4):  # sent 0.1-0.4 s into the long prefill, at 2..5 in flight
             at = second + 0.1 * (k + 1)
             waited = (second + 0.6 - at) * 1000.0
@@ -274,3 +278,21 @@ def test_a_wait_behind_a_long_prefill_is_prefill_interference_not_too_many_slots
     # The same waits with no long prompt in prefill: a queue for a batch place.
     slots = _slots(chunked_engine_spans(with_long_prompts=False))
     assert slots["behind_prefill"] == 0 and slots["first_queued_in_flight"] is not None
+
+
+def test_a_burst_that_waits_a_few_steps_in_an_idle_engine_is_not_a_full_batch() -> None:
+    """60 streams at once to two identical 8-sequence engines read "max_concurrency 1" for
+    one and 8 for the other: the first of a burst wait a few steps for their prefills
+    (40-55 ms beside 9 ms decode steps) while nothing there ends, so no seat was waited
+    for."""
+    spans: list[tuple[float, float, dict[str, object]]] = []
+    for burst in (0.0, 15.0):
+        for k in range(7):
+            waited = 55.0 - 3.0 * k
+            line = {"prompt_tokens": 14, "backend_ttft_ms": waited + 12.0, "prefill_ms": 12.0,
+                    "engine_queue_ms": waited, "tpot_ms": 9.0}  # fmt: skip
+            spans.append((burst + 0.0001 * k, burst + 0.4, line))
+    slots = _slots(spans)
+    assert slots["first_queued_in_flight"] is None and slots["advised_max_concurrency"] is None
+    assert slots["no_seat_freed"] == 14
+    assert "while none there ended" in slots["note"]

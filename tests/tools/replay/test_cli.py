@@ -55,3 +55,20 @@ def test_bad_flags_or_an_empty_slice_exit_2(
 
 def test_a_missing_source_exits_2(tmp_path: Path) -> None:
     assert main(["replay", str(tmp_path / "nope.log")]) == 2
+
+
+def test_the_gateway_runs_log_reads_in_the_analyzer_on_the_virtual_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "replay.jsonl"
+    trace = _trace(tmp_path / "t.csv")
+    assert main(["replay", str(trace), "--load", "1.2", "--slots", "4", "--log", str(log)]) == 0
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    requests = [line for line in lines if line.get("event") == "request"]
+    assert len(requests) == 40
+    # Stamped with the virtual clock: 40 s of trace at 1.2x load, not the replay's 0.1 s.
+    stamps = sorted(line["timestamp"] for line in requests)
+    assert stamps[0].startswith("2026-01-01T00:00:") and stamps[-1] > "2026-01-01T00:00:20"
+    capsys.readouterr()
+    assert main(["analyze", str(log)]) == 0
+    assert "ENGINE SLOTS per backend" in capsys.readouterr().out
