@@ -36,6 +36,8 @@ class HealthMonitor:
         self.checked = False
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        #: Reads of what a backend that joined at run time serves (`joined`), under way.
+        self._reads: set[asyncio.Task[None]] = set()
         #: Runs after each round of checks with the checks' session (the sizer's round).
         self.after_round: Callable[[aiohttp.ClientSession], Awaitable[None]] | None = None
 
@@ -52,6 +54,8 @@ class HealthMonitor:
         return self._session
 
     async def stop(self) -> None:
+        for read in list(self._reads):
+            read.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -84,6 +88,17 @@ class HealthMonitor:
         if healthy and backend.served.from_engine:
             await self.read_models(backend)
         return healthy
+
+    def joined(self, backend: Backend) -> None:
+        """A backend joined at run time (a reload, a DNS name's new address): what it serves
+        is read now, in the background, not at the next round (until then it takes every
+        name, as it did before models were read)."""
+        if backend.served.from_engine and self._session is not None:
+            read = asyncio.get_running_loop().create_task(
+                self.read_models(backend), name=f"models-{backend.name}"
+            )
+            self._reads.add(read)
+            read.add_done_callback(self._reads.discard)
 
     async def read_models(self, backend: Backend) -> None:
         """What its engine serves now (`served.py`); one line when that changed, or when

@@ -23,7 +23,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from msgspec.structs import replace
 
-from gateway.config import Settings
+from gateway.config import BackendSettings, Settings
 from gateway.tools.simulator import SimulatorConfig
 from gateway.tools.simulator.server import start_simulator
 from tests.conftest import RunningGateway, StartGateway, StartSimulator, free_port, wait_ready
@@ -364,3 +364,22 @@ async def test_not_ready_until_the_first_listings_are_read(
     finally:
         listing.answering.set()
         await server.close()
+
+
+async def test_a_backend_that_joins_at_run_time_is_read_at_once(
+    start_gateway: StartGateway, start_simulator_at: StartSimulator, http: aiohttp.ClientSession
+) -> None:
+    """A reload or a DNS name's new address adds a backend: what it serves is read as it
+    joins, not at the next health round (5 s), so beta's requests find it at once."""
+    alpha = await start_simulator_at(model="alpha", pose_as="vllm")
+    beta = await start_simulator_at(model="beta", pose_as="vllm")
+    gateway = await ready_gateway(start_gateway, http, [alpha])
+    state = gateway.state
+    wanted = [*state.settings.backends, BackendSettings(url=beta, name="b1")]
+    changes = await state.reloader.membership.apply(state.settings, wanted)
+    assert changes.joined == ["b1"]
+    b1 = next(b for b in state.pools.default.pool.backends if b.name == "b1")
+    await eventually(lambda: b1.served.names == {"beta"}, within_s=1.0)
+    sdk = client(gateway)
+    assert [await ask(sdk, "alpha"), await ask(sdk, "beta")] == ["alpha", "beta"]
+    assert await sent(http, alpha) == {"alpha": 1} and await sent(http, beta) == {"beta": 1}

@@ -8,6 +8,7 @@ from gateway.config import BackendSettings as B
 from gateway.config import ConfigError, Settings, validate
 from gateway.outcomes import ModelNotFound, NoBackend
 from gateway.scheduling.scheduler import Deferred
+from gateway.upstream.membership import _update
 from gateway.upstream.models import CATCH_ALL, ModelPool, ModelRouter
 from gateway.upstream.pool import Backend, BackendPool, RouteHint
 from gateway.upstream.served import ServedModels, answers_any_name, serving
@@ -169,3 +170,12 @@ def test_a_lane_kept_off_a_models_backends_does_not_send_it_to_one_that_answers_
         pool.require_available("bulk", "alpha")
     slot = pool.try_take("bulk", 10, 10, hint=RouteHint(model="other"))
     assert slot is not None and not isinstance(slot, Deferred) and slot.backend is llama
+
+
+def test_a_reload_that_changes_serves_reads_the_backend_anew() -> None:
+    one = backend("a", listed("alpha"))
+    assert _update(one, B(url="http://127.0.0.1:1/a", name="a", serves="any"), None)
+    assert one.served == ServedModels("any", False, None, True)  # any name, nothing to read
+    assert _update(one, B(url="http://127.0.0.1:1/a", name="a"), None)
+    assert one.served.from_engine and not one.served.known  # read at the next check
+    assert not _update(one, B(url="http://127.0.0.1:1/a", name="a"), None)
