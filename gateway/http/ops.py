@@ -30,12 +30,14 @@ async def readyz(request: web.Request) -> web.Response:
             {"status": "not_ready", "reason": "measuring the backends' speed"}, status=503
         )
     pools = state.pools.pools
-    if not all(each.health.checked for each in pools):
+    if not state.backends_read:
         # The first checks read what each engine serves (`upstream/served.py`): ready
         # before that, a model's first requests could go to a backend without it.
-        return web.json_response(
-            {"status": "not_ready", "reason": "reading what the backends serve"}, status=503
-        )
+        if not all(each.health.checked for each in pools):
+            return web.json_response(
+                {"status": "not_ready", "reason": "reading what the backends serve"}, status=503
+            )
+        state.backends_read = True
     if not any(each.pool.has_available() for each in pools):
         configured = any(each.pool.backends for each in pools)
         reason = "no healthy backend" if configured else "no backend configured"
