@@ -217,7 +217,7 @@ def build_pool(
         capacities=slots,
     )
     pool.on_available = scheduler.notify_capacity
-    health = HealthMonitor(pool, settings.health)
+    health = HealthMonitor(pool, settings.health, events)
     # Its own prompt sizes: another model's long prompts say nothing of this engine floor.
     sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes())
     health.after_round = sizer.round

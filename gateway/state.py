@@ -66,6 +66,9 @@ class GatewayState:
     #: While the start-up probe measures the backends (at most WARM_UP_READY_S), /readyz
     #: says "not ready": the first requests should meet deadlines fitted to the engine.
     warming_up: bool = False
+    #: The first health checks have read what each backend serves (`upstream/served.py`):
+    #: /readyz waits for it once, at start (a pool a reload adds later does not unready).
+    backends_read: bool = False
     #: What was learned of the backends, kept across a restart ([health] state_file).
     learned_state: LearnedState | None = None
     #: Set on SIGTERM: new requests get 503, queued ones are told to retry elsewhere.

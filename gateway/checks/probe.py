@@ -36,7 +36,7 @@ async def _probe(settings: Settings) -> dict[str, Any]:
 
     from gateway.app import build_app
     from gateway.state import GATEWAY
-    from gateway.upstream.telemetry import fetch_load
+    from gateway.upstream.telemetry import fetch_listing, fetch_load
 
     state = build_app(settings, log_stream=io.StringIO())[GATEWAY]
     timeout = aiohttp.ClientTimeout(total=settings.health.timeout_s)
@@ -49,10 +49,15 @@ async def _probe(settings: Settings) -> dict[str, Any]:
             for backend in each.pool.backends:
                 load = await fetch_load(session, backend.url, backend.auth_headers)
                 each.sizer.apply_load(backend, load)
+                if backend.served.from_engine:  # what a health check would read
+                    listing = await fetch_listing(session, backend.url, backend.auth_headers)
+                    configured = backend.engine if backend.engine_configured else None
+                    backend.served.note(listing, configured)
             await each.sizer.warm_up(session)
             for described in each.sizer.describe():
                 described["pool"] = each.name
-                described["serves"] = sorted(each.serves) or "any model (catch-all)"
+                if each.serves:  # the config's list; else what its engine said (`serves`)
+                    described["serves"] = sorted(each.serves)
                 backends.append(described)
             lanes += [{**lane, "pool": each.name} for lane in each.sizer.describe_lanes()]
     for each in state.pools.pools:  # those DNS brought in run their checks

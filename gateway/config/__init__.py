@@ -32,7 +32,12 @@ the warnings of `check-config`). Import from here: `from gateway.config import S
 
 from __future__ import annotations
 
-from gateway.config.backends import DEFAULT_MAX_CONCURRENCY, BackendSettings, EngineKind
+from gateway.config.backends import (
+    DEFAULT_MAX_CONCURRENCY,
+    BackendSettings,
+    EngineKind,
+    ServesMode,
+)
 from gateway.config.checks import consistency_warnings
 from gateway.config.constraints import (
     ConfigError,
@@ -86,6 +91,7 @@ __all__ = [
     "RetrySettings",
     "RoutingSettings",
     "ServerSettings",
+    "ServesMode",
     "Settings",
     "ShadowSettings",
     "TABLES",

@@ -12,6 +12,9 @@ from gateway.config.constraints import Positive, PositiveFloat, rule
 #: The engines whose way of continuing an answer the gateway knows (`dialects/`).
 EngineKind = Literal["vllm", "sglang", "llama.cpp", "tgi"]
 
+#: Which names a backend without `models` serves (`upstream/served.py`).
+ServesMode = Literal["auto", "listed", "any"]
+
 #: Slots of a backend whose config does not set them and whose engine does not say.
 DEFAULT_MAX_CONCURRENCY = 8
 
@@ -50,10 +53,17 @@ class BackendSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     priority_field: bool = False
     #: The model names it serves. Backends with the same list form one pool (their own
     #: queues and slots); a request goes only to a pool that serves its `model`. Empty:
-    #: it serves whatever is asked (the catch-all pool, today's single-model behaviour).
+    #: the catch-all pool, where each backend serves what its engine lists (`serves`).
     models: list[Annotated[str, rule("be a non-empty name", min_length=1)]] = field(
         default_factory=list
     )
+    #: Without `models`: which names it serves. "listed": the names its engine lists,
+    #: read on every health check (/v1/models, or TGI's /info model_id); "any": any name,
+    #: its list not read (the catch-all of earlier releases); "auto": by the engine, vLLM
+    #: and SGLang only what they list; llama.cpp, TGI and the simulator (unless strict)
+    #: that and any name nobody lists; another engine only what it lists, or any name
+    #: when it lists nothing (`upstream/served.py`).
+    serves: ServesMode = "auto"
     #: What engine it is, for continuing an answer there when another backend broke off
     #: mid-stream (`upstream/resume.py`). Unset: what the engine says of itself (its
     #: /props, /info, /v1/models); an engine that says nothing is never resumed on.

@@ -48,6 +48,11 @@ def checked(settings: Settings) -> Settings:
             problems.append(f"{where}.url: must be set (or dns: a name whose records are servers)")
         elif backend.url and backend.dns:
             problems.append(f"{where}.dns: set url or dns, not both")
+        if backend.models and backend.serves != "auto":
+            problems.append(
+                f"{where}.serves: only without models (with models, the config's list is "
+                "what it serves)"
+            )
         seen_backends.add(backend.name)
     seen_lanes: set[str] = set()
     for index, lane in enumerate(s.lanes):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -13,7 +14,7 @@ from gateway.http.errors import error_response
 from gateway.http.proxy import request_id_of, route_handler
 from gateway.outcomes import NoBackend, Refusal
 from gateway.state import GATEWAY
-from gateway.upstream.pool import BackendPool
+from gateway.upstream.pool import Backend, BackendPool
 
 chat_completions = route_handler(ChatDialect("/v1/chat/completions"))
 completions = route_handler(CompletionDialect("/v1/completions"))
@@ -22,21 +23,23 @@ completions = route_handler(CompletionDialect("/v1/completions"))
 async def models(request: web.Request) -> web.Response:
     """The models clients may ask for, in OpenAI's shape.
 
-    One pool and no aliases: an available backend's list, passed through as it always
-    was. Several: the union of one available backend's list per pool, then the names
-    the config adds (served models no engine listed, aliases), each id once.
+    One backend and no aliases: its list, passed through as it always was. Otherwise
+    the union of one available backend's list per pool (every available backend's in a
+    pool whose engines say what they serve: they may list different models), then the
+    names the gateway knows besides (served models no engine listed now, engines' lists
+    read at the last check, aliases), each id once.
     """
     state = request.app[GATEWAY]
     router = state.pools
-    if len(router.pools) == 1 and not router.aliases:
+    if len(router.pools) == 1 and not router.aliases and len(router.default.pool.backends) <= 1:
         return await pass_through_get(request, "/v1/models")
     try:
         state.keys.identify(request.headers.get("Authorization"))
     except Refusal as refusal:
         return error_response(refusal)
     entries: dict[str, dict[str, Any]] = {}
-    for each in router.pools:
-        listed = await _engine_models(request, each.pool)
+    asked = [backend for each in router.pools for backend in _listing_backends(each.pool)]
+    for listed in await asyncio.gather(*(_engine_models(request, b) for b in asked)):
         for entry in listed:
             entries.setdefault(entry["id"], entry)
     for name in router.listed_names():
@@ -46,12 +49,24 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": list(entries.values())})
 
 
-async def _engine_models(request: web.Request, pool: BackendPool) -> list[dict[str, Any]]:
-    """An available backend's `/v1/models` entries; none when it cannot say (down, TGI)."""
-    state = request.app[GATEWAY]
+def _listing_backends(pool: BackendPool) -> list[Backend]:
+    """Whose `/v1/models` to ask: one available backend per distinct list among those that
+    read their engine's (a fleet of replicas of one model costs one call; each not read
+    yet is asked), else one available backend."""
+    now = pool.clock()
+    reading: dict[object, Backend] = {}
+    for b in pool.backends:
+        if b.served.from_engine and b.available(now):
+            reading.setdefault(b.served.names if b.served.known else b.name, b)
+    if reading:
+        return list(reading.values())
     backend = pool.any_backend()
-    if backend is None:
-        return []
+    return [] if backend is None else [backend]
+
+
+async def _engine_models(request: web.Request, backend: Backend) -> list[dict[str, Any]]:
+    """A backend's `/v1/models` entries; none when it cannot say (down, TGI)."""
+    state = request.app[GATEWAY]
     headers = {"X-Request-Id": request_id_of(request)}
     if backend.api_key:
         headers["Authorization"] = f"Bearer {backend.api_key}"

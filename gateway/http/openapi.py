@@ -430,11 +430,13 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
         "/readyz": {
             "get": {
                 "operationId": "readyz",
-                "summary": "Readiness: a backend is available and the gateway is not draining",
+                "summary": "Readiness: the first health checks read what each backend serves, "
+                "a backend is available and the gateway is not draining",
                 "responses": {
                     "200": {"description": "Ready.", "content": {JSON: {"schema": _ref("Ready")}}},
                     "503": {
-                        "description": "Not ready (no healthy backend, or shutting down).",
+                        "description": "Not ready (the first health checks not done, no "
+                        "healthy backend, or shutting down).",
                         "content": {JSON: {"schema": _ref("Ready")}},
                     },
                 },

@@ -20,7 +20,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready to take traffic: the tokenizer is loaded and a backend is available."""
+    """Ready to take traffic: the tokenizer is loaded, the first health checks (and model
+    listings) are done, and a backend is available."""
     state = request.app[GATEWAY]
     if state.draining:
         return web.json_response({"status": "not_ready", "reason": "shutting down"}, status=503)
@@ -29,6 +30,14 @@ async def readyz(request: web.Request) -> web.Response:
             {"status": "not_ready", "reason": "measuring the backends' speed"}, status=503
         )
     pools = state.pools.pools
+    if not state.backends_read:
+        # The first checks read what each engine serves (`upstream/served.py`): ready
+        # before that, a model's first requests could go to a backend without it.
+        if not all(each.health.checked for each in pools):
+            return web.json_response(
+                {"status": "not_ready", "reason": "reading what the backends serve"}, status=503
+            )
+        state.backends_read = True
     if not any(each.pool.has_available() for each in pools):
         configured = any(each.pool.backends for each in pools)
         reason = "no healthy backend" if configured else "no backend configured"

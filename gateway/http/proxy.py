@@ -178,14 +178,21 @@ WAIT_FOR_SOONER_SHARE = 0.5
 
 
 def route_hint(
-    request: web.Request, shape: RequestShape, client: str | None, deadline_s: float
+    request: web.Request,
+    shape: RequestShape,
+    client: str | None,
+    deadline_s: float,
+    model: str | None = None,
 ) -> RouteHint:
-    """What the pool may route by besides load: the prompt's blocks, its session, its model."""
+    """What the pool may route by besides load: the prompt's blocks, its session, and the
+    model its backend must serve (`model`: an alias's target; else the body's)."""
+    if model is None and isinstance(asked := shape.body.get("model"), str):
+        model = asked
     return RouteHint(
         shape.prefix,
         session_key(request.headers.get(SESSION_HEADER), shape.body.get("user"), client),
         wait_budget_s=WAIT_FOR_SOONER_SHARE * deadline_s,
-        model=model if isinstance(model := shape.body.get("model"), str) else None,
+        model=model,
     )
 
 
@@ -497,7 +504,7 @@ async def admit_request(flight: Flight) -> None:
     record.lane = admission.lane.name
     record.max_tokens = admission.budget.max_tokens
     flight.headers.update(admission_headers(admission))
-    pool.require_available(admission.lane.name)
+    pool.require_available(admission.lane.name, flight.route.model)
     fields = flight.dialect.backend_body(shape, admission.budget)
     if flight.route.target is not None:  # an alias: the backend is asked for its target
         fields["model"] = flight.route.target
@@ -534,7 +541,11 @@ async def queue(flight: Flight) -> None:
     )
     scheduler = flight.scheduler
     flight.hint = route_hint(
-        flight.request, shape, record.client, scheduler.deadline_for(lane, queue_deadline)
+        flight.request,
+        shape,
+        record.client,
+        scheduler.deadline_for(lane, queue_deadline),
+        flight.route.model,
     )
     note = WaitNote()
     try:

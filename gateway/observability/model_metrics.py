@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.observability.metrics import LATENCY_BUCKETS
@@ -53,9 +53,7 @@ class ModelMetrics:
         """The model's label: its name when the config or a backend lists it."""
         if model is None:
             return OTHER_MODEL
-        if model in self.router.aliases or any(
-            model in p.serves or p.lists_adapter(model) for p in self.router.pools
-        ):
+        if model in self.router.aliases or any(p.lists(model) for p in self.router.pools):
             return model
         return OTHER_MODEL
 
@@ -75,12 +73,14 @@ class ModelMetrics:
 
 
 class _PoolGauges(Collector):
-    """Queue depth and slots held per pool and lane, read live from each pool's scheduler."""
+    """Queue depth and slots held per pool and lane, read live from each pool's scheduler;
+    and, for the backends whose engines say what they serve (`upstream/served.py`), how
+    many names each lists and how many of those reads failed."""
 
     def __init__(self, router: ModelRouter) -> None:
         self.router = router
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         depth = GaugeMetricFamily(
             "gateway_pool_queue_depth",
             "Requests waiting, by pool and lane.",
@@ -95,3 +95,23 @@ class _PoolGauges(Collector):
                 in_flight.add_metric([each.name, lane.name], lane.in_flight)
         yield depth
         yield in_flight
+        listed = GaugeMetricFamily(
+            "gateway_backend_models_listed",
+            "Model names the backend's engine lists (-1: not read yet), when its "
+            "[[backends]] entry names no models.",
+            labels=["pool", "backend"],
+        )
+        failures = CounterMetricFamily(
+            "gateway_backend_model_listing_failures",
+            "Reads of what a backend's engine serves that got no answer (its last list is kept).",
+            labels=["pool", "backend"],
+        )
+        for each in self.router.pools:
+            for backend in each.pool.backends:
+                served = backend.served
+                if served.from_engine:
+                    count = -1 if served.names is None else len(served.names)
+                    listed.add_metric([each.name, backend.name], count)
+                    failures.add_metric([each.name, backend.name], served.failures)
+        yield listed
+        yield failures

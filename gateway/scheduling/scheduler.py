@@ -65,6 +65,11 @@ PRESSURE_SAMPLES = 8
 WAIT_SAMPLES_NEEDED = 5
 #: Requests of a lane looked at past a deferred head (each costs the source one try).
 LOOKAHEAD = 16
+#: How far past requests waiting for their own backends (`Deferred.own_full`: their
+#: model's, all full) a lane is looked at: another model's request behind a queue of a
+#: full model's gets its free backend (at 16, 40 queued requests of one model held
+#: another's idle one for 30 s). A lane's default queue depth (256) at most.
+OWN_FULL_LOOKAHEAD = 256
 #: The tenant of a request that names none (and of every request without tenants).
 DEFAULT_TENANT = "default"
 #: Recent dispatches per lane from which its drain rate (requests leaving the line per
@@ -81,6 +86,9 @@ class Deferred:
     behind it in line may take the free slot; it is asked again within `retry_in_s`."""
 
     retry_in_s: float
+    #: It waits for its own backends (its model's), all full: the requests behind it that
+    #: can go elsewhere are looked at past LOOKAHEAD (`OWN_FULL_LOOKAHEAD`).
+    own_full: bool = False
 
 
 class SlotSource(Protocol):
@@ -844,11 +852,17 @@ class Scheduler:
         The first in the lane's fair order, unless the source defers it (it waits for
         the backend holding its prompt's cache): then the requests after it, up to
         LOOKAHEAD of them, may take the free slot, and the queues are served again when
-        the first deferral ends.
+        the first deferral ends. Requests waiting for their own backends (another
+        model's, in a pool whose engines list different models) are not counted: past
+        them the lane is looked at up to OWN_FULL_LOOKAHEAD.
         """
         retry_in: float | None = None
         higher = sum(len(other.queue) for other in lane.higher)
-        for index, waiter in enumerate(lane.queue.order(LOOKAHEAD)):
+        looked = 0  # requests looked at, but those waiting for their own full backends
+        for index, waiter in enumerate(lane.queue.order(OWN_FULL_LOOKAHEAD)):
+            if looked == LOOKAHEAD:
+                break
+            looked += 1
             if waiter.future.done():  # cancelled, not yet cleaned up
                 continue
             slot = self._source.try_take(
@@ -863,6 +877,8 @@ class Scheduler:
                 break  # no slot for this lane at all
             if not isinstance(slot, Deferred):
                 return waiter, slot
+            if slot.own_full:
+                looked -= 1
             retry_in = slot.retry_in_s if retry_in is None else min(retry_in, slot.retry_in_s)
         if retry_in is not None:
             self._serve_again_in(retry_in)

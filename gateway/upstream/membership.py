@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gateway.config import DEFAULT_MAX_CONCURRENCY, BackendSettings, LaneSettings, Settings
 from gateway.upstream.models import ModelPool, ModelRouter, pool_key
 from gateway.upstream.pool import Backend
+from gateway.upstream.served import ServedModels
 
 #: How often a leaving backend is looked at until it is idle.
 IDLE_CHECK_S = 0.1
@@ -123,6 +124,7 @@ class Membership:
         pools = {each.name: each for each in self.router.pools}
         members = {name: list(each.pool.backends) for name, each in pools.items()}
         present: set[str] = set()
+        fresh: list[tuple[ModelPool, Backend]] = []  # joined: what each serves, read now
         for each in pools.values():
             for backend in each.pool.backends:
                 if backend.leaving:
@@ -150,7 +152,9 @@ class Membership:
             # A leaving backend of the same name (its URL changed) is forgotten at once:
             # its streams still end where they are, and its slots go back to its object.
             members[key] = [b for b in members[key] if b.name != name]
-            members[key].append(Backend.from_settings(want))
+            backend = Backend.from_settings(want)
+            members[key].append(backend)
+            fresh.append((pools[key], backend))
             changes.joined.append(name)
         for name, each in pools.items():
             each.pool.set_members(
@@ -160,6 +164,8 @@ class Membership:
             each.scheduler.reconfigure(settings.lanes, each.pool.shares_backends)
             each.sizer.refit()
         self._set_pools(settings, list(pools.values()))
+        for each, backend in fresh:
+            each.health.joined(backend)
         self._changes.labels("joined").inc(len(changes.joined))
         self._changes.labels("left").inc(len(changes.left))
         return changes
@@ -272,6 +278,9 @@ def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
         backend.engine = want.engine
     elif facts is not None:
         backend.engine = facts.engine
+    serves_changed = backend.served.mode != want.serves
+    if serves_changed:  # read anew at the next check (or not at all: "any")
+        backend.served = ServedModels.configured(want.models, want.serves)
     after = (
         backend.weight,
         backend.api_key,
@@ -282,4 +291,4 @@ def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
         backend.prefill_budget_auto,
         backend.engine,
     )
-    return before != after
+    return before != after or serves_changed

@@ -4,17 +4,31 @@ Backends that list the same models (`[[backends]] models`) form one pool with it
 own queues, slots, prefill budgets and learned figures (`app.build_pools`), so a
 full pool never delays a request for another: each is a whole gateway for its
 models, sharing only the door (admission, tenants, metrics). Backends that list
-no model form the catch-all pool `*`, which serves any name: a config with one
-backend and no `models` keeps working unchanged, whatever its clients ask for.
+no model form the catch-all pool `*`, where each serves what its engine lists
+(`served.py`: `/v1/models`, or TGI's `/info`, re-read on every health check), and
+those whose engines answer any name (llama.cpp, TGI, the simulator) take names
+nobody lists too: a config with one such backend and no `models` keeps working
+unchanged, whatever its clients ask for.
+
+The catch-all pool stays one pool whatever its engines list: its backends share
+its queues, and each request is filtered to the backends that serve its model
+inside the pool (`BackendPool.try_take`, as adapters are), waiting aside while
+those are full (`Deferred.own_full`) so the requests behind it for other models go
+(the scheduler looks past such waiters up to `OWN_FULL_LOOKAHEAD`). Pools formed
+from what the engines list would move backends, with requests queued and in
+flight, between schedulers whenever an engine loads a model; the shared queue
+costs a model its share of the lanes' depth, slot limits and predicted waits under
+another's overload. Where that isolation matters, name the models in the config:
+a pool each.
 
 Resolution, in order: an alias (`[[models]]`) becomes its target (one of its
 weighted targets, picked at random per request, for a gradual switch); the
-target's pool is the one that lists it, else one whose backends list it as a
-LoRA adapter (`/v1/models` entries with a `parent`, re-read on health checks),
-else the catch-all; none of those: `model_not_found`, before any token is
-counted or any slot taken. A body without `model` (TGI's routes have none) goes
-to the default pool: the `[[models]]` entry marked `default`, else the only or
-first pool.
+target's pool is the one whose config lists it, else one whose backends list it
+as a LoRA adapter (`/v1/models` entries with a `parent`, re-read on health
+checks), else the catch-all when a backend of it lists the name or answers any
+name; none of those: `model_not_found`, before any token is counted or any slot
+taken. A body without `model` (TGI's routes have none) goes to the default pool:
+the `[[models]]` entry marked `default`, else the only or first pool.
 
 The route also carries the caps of the model asked for: its `[[models]]` entry's
 `limits`, else its target's entry's, over `[limits]` (`config.model_limits`, a map
@@ -31,8 +45,9 @@ from typing import Any
 from gateway.config import LimitsSettings, ModelSettings, model_limits
 from gateway.outcomes import ModelNotFound
 from gateway.upstream.pool import BackendPool
+from gateway.upstream.served import lists
 
-#: The pool of the backends that list no model: it serves any name.
+#: The pool of the backends whose entries name no model: each serves what its engine lists.
 CATCH_ALL = "*"
 
 
@@ -61,6 +76,24 @@ class ModelPool:
     def lists_adapter(self, model: str) -> bool:
         return any(model in backend.lora.listed for backend in self.pool.backends)
 
+    def lists(self, model: str) -> bool:
+        """Its config names `model`, or a backend's engine lists it (adapters included)."""
+        return model in self.serves or any(lists(b, model) for b in self.pool.backends)
+
+    def takes(self, model: str) -> bool:
+        """The catch-all pool takes `model`: a backend lists it or answers any name (or
+        it has no backend yet: then the request hears `no_backend`, not a 404)."""
+        backends = self.pool.backends
+        return not backends or any(lists(b, model) or b.served.answers_unlisted() for b in backends)
+
+    def engine_names(self) -> list[str]:
+        """The names its backends' engines list, each once, sorted per backend."""
+        names: dict[str, None] = {}
+        for backend in self.pool.backends:
+            if backend.served.from_engine and backend.served.names:
+                names.update(dict.fromkeys(sorted(backend.served.names)))
+        return list(names)
+
 
 @dataclass(frozen=True, slots=True)
 class Route:
@@ -71,6 +104,8 @@ class Route:
     target: str | None
     #: The caps configured for the model asked (`[[models]] limits` over `[limits]`).
     limits: LimitsSettings
+    #: The model its backend must serve: the target, else the name asked (None: none).
+    model: str | None = None
 
 
 class ModelRouter:
@@ -112,7 +147,9 @@ class ModelRouter:
             target = names[0] if len(names) == 1 else self._pick(names, [w for _, w in targets])
         pool = self._by_model.get(target)
         if pool is None:
-            pool = next((p for p in self.pools if p.lists_adapter(target)), self._catch_all)
+            pool = next((p for p in self.pools if p.lists_adapter(target)), None)
+        if pool is None and self._catch_all is not None and self._catch_all.takes(target):
+            pool = self._catch_all
         if pool is None:
             raise ModelNotFound(
                 f"The model {model!r} does not exist here. Served: "
@@ -121,14 +158,16 @@ class ModelRouter:
                 param="model",
             )
         limits = self._limits.get((model, target), self.limits) if self._limits else self.limits
-        return Route(pool, target if target != model else None, limits)
+        return Route(pool, target if target != model else None, limits, target)
 
     def listed_names(self) -> list[str]:
-        """Every name a client may ask for that the config knows: served models, adapters
-        the backends list, aliases; each once, in that order."""
+        """Every name a client may ask for that the gateway knows: served models (the
+        config's, then what the engines list), adapters the backends list, aliases; each
+        once, in that order."""
         names: dict[str, None] = {}
         for p in self.pools:
             names.update(dict.fromkeys(sorted(p.serves)))
+            names.update(dict.fromkeys(p.engine_names()))
             for backend in p.pool.backends:
                 names.update(dict.fromkeys(sorted(backend.lora.listed)))
         names.update(dict.fromkeys(self.aliases))

@@ -51,6 +51,13 @@ the order they began to wait, while another backend has room. Picking and reserv
 a slot is one synchronous step: two requests cannot race for the same "least loaded"
 backend.
 
+Models (`served.py`): a request goes only to the backends of its pool that serve its
+`model` (`served.serving`: those that list it, else those that answer any name; over
+the whole pool, then the lane's backends): in the catch-all pool,
+backends whose engines list different models share the queues, and each request waits
+for a backend of its own model (`Deferred` when those are full, so the requests behind
+it for other models go).
+
 LoRA adapters (`[routing] adapter_affinity`): a request whose `model` is an adapter
 some backend of the lane lists goes only to backends that list it, and among them to
 one that runs it now, else one with room for another adapter (`adapters.py`); when
@@ -85,6 +92,7 @@ from gateway.upstream.adapters import AdapterCandidate, BackendAdapters, preferr
 from gateway.upstream.affinity import rendezvous_weight
 from gateway.upstream.engine_timings import WindowSplit
 from gateway.upstream.prefix_index import PrefixIndex
+from gateway.upstream.served import ServedModels, serving
 from gateway.upstream.stall import StreamGaps
 
 #: Why a backend was chosen (the routing metric's label).
@@ -268,6 +276,8 @@ class Backend:
     waiters: WeakKeyDictionary[RouteHint, Wait] = field(default_factory=WeakKeyDictionary)
     #: Its LoRA adapters: listed, running in its engine, and sent there by this gateway.
     lora: BackendAdapters = field(default_factory=BackendAdapters)
+    #: The model names it serves: the config's `models`, else what its engine lists.
+    served: ServedModels = field(default_factory=ServedModels)
     _prefilling: set[Slot] = field(default_factory=set)
     #: Prompt tokens in prefill of the slots that rode along (`rides_along` at dispatch):
     #: kept as a count, not summed over the slots at each dispatch (a burst of 64 short
@@ -289,6 +299,7 @@ class Backend:
             concurrency_configured=settings.max_concurrency is not None,
             engine=settings.engine,
             engine_configured=settings.engine is not None,
+            served=ServedModels.configured(settings.models, settings.serves),
         )
         backend.fit_prefill_budget(PRIOR_LONG_PROMPT_TOKENS)
         return backend
@@ -423,6 +434,8 @@ class Slot:
     lease: str | None = None
     #: The LoRA adapter it was routed for (None: not routed as one).
     adapter: str | None = None
+    #: The model it was routed for (an answer carried over goes where that is served).
+    model: str | None = None
     #: Its prompt rode along beside the prefill in flight (`Backend.rides_along`).
     riding: bool = False
 
@@ -493,13 +506,21 @@ class BackendPool:
         now = self.clock()
         return any(b.free_slots > 0 and b.available(now) for b in self.backends_of(lane))
 
-    def require_available(self, lane: str) -> None:
-        """NoBackend (retry after the next health check) when nothing serves `lane` now."""
+    def require_available(self, lane: str, model: str | None = None) -> None:
+        """NoBackend (retry after the next health check) when nothing serves `lane` now
+        (or no backend of it that serves `model`)."""
         if not self.has_available(lane):
             raise NoBackend(
                 f"No healthy backend serves the '{lane}' lane right now.",
                 retry_after_s=self.health.interval_s,
             )
+        if model is not None:
+            now = self.clock()
+            if not any(b.available(now) for b in self._serving(lane, model, self.backends)):
+                raise NoBackend(
+                    f"No healthy backend serves {model!r} in the '{lane}' lane right now.",
+                    retry_after_s=self.health.interval_s,
+                )
 
     def token_ratio(self, lane: str | None = None) -> float:
         """The backends' tokens per gateway token (of a lane's, or all): the largest, so a
@@ -543,6 +564,11 @@ class BackendPool:
         ]
         if not candidates:
             return None
+        model = hint.model if hint is not None else None
+        if model is not None:
+            candidates = self._serving(lane, model, candidates)
+            if not candidates:  # those that serve it are full: let the ones behind go
+                return Deferred(self.health.interval_s, own_full=True)
         adapter = self._adapter_of(lane, hint)
         adapter_reason = None
         if adapter is not None:
@@ -623,6 +649,7 @@ class BackendPool:
             best.backend, prompt_tokens, output_tokens, best.cached, reason, prefix, now
         )
         slot.matched_tokens = best.matched
+        slot.model = model
         if adapter is not None:
             slot.adapter = adapter
             best.backend.lora.dispatched(adapter)
@@ -640,12 +667,30 @@ class BackendPool:
             for backend in self.backends_of(lane)
             if backend is not slot.backend and backend.available(now)
         ]
+        if slot.model is not None:
+            candidates = self._serving(lane, slot.model, candidates)
         if not candidates:
             return None
         backend = max(
             candidates, key=lambda b: (b.free_slots / b.max_concurrency, -b.outstanding_tokens)
         )
-        return self._reserve(backend, slot.prompt_tokens, slot.output_tokens, 0, BY_LOAD, None, now)
+        taken = self._reserve(
+            backend, slot.prompt_tokens, slot.output_tokens, 0, BY_LOAD, None, now
+        )
+        taken.model = slot.model
+        return taken
+
+    def _serving(self, lane: str, model: str, candidates: list[Backend]) -> list[Backend]:
+        """The candidates of `lane` that serve `model` (`served.serving`, over the whole
+        pool: a lane kept off the backends that list a model must not send it to one that
+        answers any name instead). One backend: the router sent it what it serves."""
+        if len(self.backends) < 2:
+            return candidates
+        allowed = serving(model, self.backends)
+        if len(allowed) == len(self.backends):
+            return candidates
+        mine = self.backends_of(lane)
+        return [b for b in candidates if b in allowed and b in mine]
 
     def _adapter_of(self, lane: str, hint: RouteHint | None) -> str | None:
         """The request's model when it is a LoRA adapter a backend of the lane lists."""

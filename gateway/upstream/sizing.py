@@ -554,6 +554,7 @@ class BackendSizer:
                     "holding_at": backend.engine_limit,
                     "engine_window": _window(backend),
                     "learned": backend.model.figures(max(1, backend.in_flight)).to_json(),
+                    "serves": backend.served.describe(),
                 }
             )
         return result

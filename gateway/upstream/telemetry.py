@@ -24,6 +24,7 @@ never a request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -394,6 +395,52 @@ def adapters_from_models(obj: Any) -> tuple[str, ...] | None:
     return adapters or None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelListing:
+    """What an engine says it serves, at one read (`served.py` decides what it means)."""
+
+    #: Every name it lists (`/v1/models` ids, adapters included; TGI: its `/info` model_id).
+    names: frozenset[str]
+    #: The engine it says it is, where the same answers tell ("vllm", "sglang",
+    #: "llama.cpp", "tgi", "simulator"); None: they do not.
+    engine: str | None = None
+    #: The project's simulator: whether it answers 404 for names it does not serve.
+    strict: bool | None = None
+
+
+def listing_from_models(obj: Any) -> ModelListing | None:
+    """A `/v1/models` answer: every card's id, and the engine its first card's `owned_by`
+    names (None: no such answer)."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    cards = [card for card in data if isinstance(card, dict) and _name(card.get("id"))]
+    owned_by = cards[0].get("owned_by") if cards else None
+    engine = (
+        (_OWNED_BY | {SIMULATOR_ENGINE: SIMULATOR_ENGINE}).get(owned_by)
+        if isinstance(owned_by, str)
+        else None
+    )
+    return ModelListing(frozenset(card["id"] for card in cards), engine)
+
+
+def listing_from_tgi_info(obj: Any) -> ModelListing | None:
+    """TGI's `/info`: the one model it serves (`model_id`)."""
+    model = _name(obj.get("model_id")) if isinstance(obj, dict) else None
+    return None if model is None else ModelListing(frozenset({model}), "tgi")
+
+
+def engine_from_props(obj: Any) -> tuple[str | None, bool | None]:
+    """llama.cpp's (or the simulator's) `/props`: which of the two it is, and the
+    simulator's strictness about names; (None, None) when it is neither."""
+    facts = facts_from_props(obj)
+    if facts is None or facts.engine is None:
+        return None, None
+    simulator = obj.get("simulator") if isinstance(obj, dict) else None
+    strict = simulator.get("strict_model") if isinstance(simulator, dict) else None
+    return facts.engine, strict if isinstance(strict, bool) else None
+
+
 # ----------------------------------------------------------------------------- fetching
 
 
@@ -479,6 +526,36 @@ async def fetch_adapters(
     if not isinstance(obj, dict) or not isinstance(obj.get("data"), list):
         return None
     return adapters_from_models(obj) or ()
+
+
+async def fetch_listing(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: dict[str, str] | None = None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> ModelListing | None:
+    """What a backend serves now: its `/v1/models`, else TGI's `/info` model_id; and,
+    when `owned_by` does not say which engine it is, its `/props` (llama.cpp, the
+    simulator). None: neither listing answered. `timeout_s` bounds the routes asked
+    together (each gets what is left), so a slow engine costs one timeout, not three.
+    Never raises, except when cancelled."""
+    base = base_url.rstrip("/")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+
+    async def ask(path: str) -> Any:
+        left = deadline - loop.time()
+        return None if left <= 0 else await _get_json(session, base + path, headers, left)
+
+    listing = listing_from_models(await ask("/v1/models"))
+    if listing is None:
+        return listing_from_tgi_info(await ask("/info"))
+    if listing.engine in (None, SIMULATOR_ENGINE):
+        engine, strict = engine_from_props(await ask("/props"))
+        if engine is not None:
+            listing = ModelListing(listing.names, engine, strict)
+    return listing
 
 
 async def fetch_load(

@@ -286,6 +286,8 @@ async def test_check_config_probe_measures_the_engine_and_warns_with_the_floor(
     probe = json.loads(text[text.index('{\n  "probe"') :])["probe"]
     described = probe["backends"][0]
     assert described["slots"] == 4 and described["slots_from"] == "engine"
+    assert described["serves"]["models"] == ["sim-model"]  # what its engine lists...
+    assert described["serves"]["any_name"] is True  # ...and any name: the simulator is lenient
     assert described["learned"]["prefill_samples"] >= 3
     assert 200 < described["learned"]["prefill_tokens_per_s"] < 500
     interactive = next(lane for lane in probe["lanes"] if lane["lane"] == "interactive")

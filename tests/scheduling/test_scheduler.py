@@ -739,3 +739,35 @@ async def test_one_tenant_is_served_first_come_and_charged_what_it_cost() -> Non
     assert held.cost == 60 + 4.0 * 5
     await asyncio.wait_for(asyncio.gather(*tasks), 1)
     assert order == [1, 2, 3, 4, 5]
+
+
+class ModelSlots(CountingSlots):
+    """Slots for requests hinted "beta"; those hinted "alpha" wait for their own backends,
+    all full (a pool whose engines list different models)."""
+
+    def try_take(
+        self,
+        lane: str,
+        prompt_tokens: int,
+        output_tokens: int = 0,
+        exclude: object = None,
+        hint: object = None,
+        waited_s: float | None = None,
+        ahead: int = 0,
+    ) -> object | None:
+        if self.free and hint == "alpha":
+            return Deferred(5.0, own_full=True)
+        return super().try_take(lane, prompt_tokens, output_tokens, exclude, hint)
+
+
+async def test_a_request_behind_many_waiting_for_their_own_full_backends_is_served() -> None:
+    """40 requests wait for their model's full backends; another model's request behind
+    them takes its free one at once (LOOKAHEAD alone, 16, held it until they drained)."""
+    scheduler = Scheduler([LaneSettings(name="only")], {"only": 64}, ModelSlots(4))
+    alphas = [asyncio.ensure_future(scheduler.acquire("only", hint="alpha")) for _ in range(40)]
+    await settle()
+    beta = await asyncio.wait_for(scheduler.acquire("only", hint="beta"), 1)
+    assert beta.queued_s < 0.5 and not any(task.done() for task in alphas)
+    scheduler.release(beta)
+    for task in alphas:
+        task.cancel()

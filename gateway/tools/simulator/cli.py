@@ -46,6 +46,8 @@ _CONFIG_HELP = {
     "lora_swap_ms": "time added to a step that loads an adapter not resident (a swap)",
     "strict_model": "answer 404 model_not_found for a model it does not serve (vLLM, SGLang); "
     "off: any name is answered (llama.cpp)",
+    "pose_as": "answer the info routes as this engine does: simulator, vllm (strict; no "
+    "/props nor /info), tgi (/info only) or llama.cpp (/props, /v1/models owned by llamacpp)",
     "timings": "where each request's time went, told as vllm (request time histograms in "
     "/metrics), llamacpp (those, and llama.cpp's `timings` in every OpenAI answer) or none",
 }

@@ -27,6 +27,10 @@ TIMINGS_MODES = ("vllm", "llamacpp", "none")
 #: budget is `n_batch`, 2048 by default), or whole prompts, several to a step up to the
 #: budget, with the batch's decoding paused meanwhile (TGI's token-budget batching).
 PREFILL_MODES = ("chunked", "whole")
+#: Which engine's info routes the simulator answers as (`pose_as`, below).
+POSES = ("simulator", "vllm", "tgi", "llama.cpp")
+#: `owned_by` of its `/v1/models` cards, per pose (what each engine writes there).
+OWNED_BY = {"simulator": "simulator", "vllm": "vllm", "llama.cpp": "llamacpp"}
 
 
 @dataclass(slots=True)
@@ -87,6 +91,19 @@ class SimulatorConfig:
     #: Answer 404 `model_not_found` for a `model` it does not serve, as vLLM and SGLang
     #: do; off: any name is answered, as llama.cpp does (LoRA serving implies it).
     strict_model: bool = False
+    #: Which engine it answers its info routes as, so a gateway's engine detection meets
+    #: what it meets in the field: "simulator" (llama.cpp's /props with a `simulator`
+    #: object, /v1/models owned by "simulator", TGI's /info); "vllm" (no /props nor
+    #: /info, /v1/models owned by "vllm", and strict: vLLM answers 404 for a model it does
+    #: not serve); "tgi" (/info only, no /props nor /v1/models; any name is answered, TGI
+    #: ignores `model`); "llama.cpp" (/props as llama.cpp's, /v1/models owned by
+    #: "llamacpp", no /info; any name answered). The serving routes stay the same.
+    pose_as: str = "simulator"
+
+    @property
+    def strict(self) -> bool:
+        """A `model` it does not serve is a 404 (`strict_model`, or posing as vLLM)."""
+        return self.strict_model or self.pose_as == "vllm"
 
     @property
     def lora(self) -> bool:
@@ -126,6 +143,8 @@ class SimulatorConfig:
             raise ValueError(
                 f"timings must be one of {', '.join(TIMINGS_MODES)}, got {self.timings!r}"
             )
+        if self.pose_as not in POSES:
+            raise ValueError(f"pose_as must be one of {', '.join(POSES)}, got {self.pose_as!r}")
         if self.model in [a.strip() for a in self.lora_adapters.split(",")]:
             raise ValueError("lora_adapters must not name the base model")
         if not (math.isfinite(self.token_ratio) and self.token_ratio > 0):

@@ -40,6 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.tools.simulator.config import OWNED_BY
 from gateway.tools.simulator.engine import EngineStopped, Sequence, TokenEvent
 from gateway.tools.simulator.errors import SimulatorError, invalid_request
 from gateway.tools.simulator.prefix_cache import PromptBlocks
@@ -51,7 +52,8 @@ def add_routes(app: web.Application) -> None:
     """`/v1/chat/completions`, `/v1/completions` and `/v1/models`."""
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
+    if app[CONFIG_KEY].pose_as != "tgi":  # TGI's info route is /info
+        app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
     app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
 
@@ -74,12 +76,13 @@ async def _models(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
     adapters = request.app[STATE_KEY].engine.adapters
     created = int(time.time())
+    owned_by = OWNED_BY[config.pose_as]
     cards: list[dict[str, Any]] = [
         {
             "id": config.model,
             "object": "model",
             "created": created,
-            "owned_by": "simulator",
+            "owned_by": owned_by,
             "root": config.model,
             "parent": None,
             "max_model_len": config.max_model_len,
@@ -92,7 +95,7 @@ async def _models(request: web.Request) -> web.Response:
                 "id": name,
                 "object": "model",
                 "created": created,
-                "owned_by": "simulator",
+                "owned_by": owned_by,
                 "root": path,
                 "parent": config.model,
                 "max_model_len": None,
@@ -213,7 +216,7 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
         raise invalid_request("'model' must be a string", "model")
     adapters = state.engine.adapters
     adapter = model if adapters is not None and adapters.serves(model) else None
-    strict = adapters is not None or state.config.strict_model
+    strict = adapters is not None or state.config.strict
     if strict and adapter is None and model != state.config.model:
         raise SimulatorError(
             404, "model_not_found", f"The model `{model}` does not exist.",

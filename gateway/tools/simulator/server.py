@@ -13,6 +13,7 @@ held at once; `POST /sim/stats/reset-peaks` starts it again).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -52,7 +53,8 @@ def build_simulator_app(
     tgi_api.add_routes(app)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
-    app.router.add_get("/props", _props)
+    if config.pose_as in ("simulator", "llama.cpp"):  # vLLM and TGI have no /props
+        app.router.add_get("/props", _props)
     app.router.add_get("/sim/stats", _stats)
     app.router.add_post("/sim/stats/reset-peaks", _reset_peaks)
     app.router.add_get("/sim/requests", _requests)
@@ -273,21 +275,23 @@ async def _metrics(request: web.Request) -> web.Response:
 async def _props(request: web.Request) -> web.Response:
     """llama.cpp's /props, the fields that say the server's size (slots and their context),
     and what it is: `build_info` (llama.cpp's names its build) and a `simulator` object
-    with the engine it models, so nobody mistakes it for a llama.cpp server."""
+    with the engine it models, so nobody mistakes it for a llama.cpp server (posing as
+    llama.cpp: without that object), and whether it is strict about model names."""
     config = request.app[CONFIG_KEY]
-    return web.json_response(
-        {
-            "total_slots": config.max_batch,
-            "default_generation_settings": {"n_ctx": config.max_model_len},
-            "model_path": config.model,
-            "build_info": config.describe(),
-            "simulator": {
-                "prefill": config.prefill,
-                "prefill_tokens_per_step": config.prefill_tokens_per_step,
-                "max_batch": config.max_batch,
-                "step_base_ms": config.step_base_ms,
-                "prefill_ms_per_token": config.prefill_ms_per_token,
-                "decode_ms_per_seq": config.decode_ms_per_seq,
-            },
+    props: dict[str, Any] = {
+        "total_slots": config.max_batch,
+        "default_generation_settings": {"n_ctx": config.max_model_len},
+        "model_path": config.model,
+        "build_info": config.describe(),
+    }
+    if config.pose_as == "simulator":
+        props["simulator"] = {
+            "prefill": config.prefill,
+            "prefill_tokens_per_step": config.prefill_tokens_per_step,
+            "max_batch": config.max_batch,
+            "step_base_ms": config.step_base_ms,
+            "prefill_ms_per_token": config.prefill_ms_per_token,
+            "decode_ms_per_seq": config.decode_ms_per_seq,
+            "strict_model": config.strict,
         }
-    )
+    return web.json_response(props)

@@ -62,7 +62,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/generate", tgi_generate)
     app.router.add_post("/generate_stream", tgi_generate_stream)
     app.router.add_post("/", tgi_compat_generate)
-    app.router.add_get("/info", tgi_info)
+    if app[CONFIG_KEY].pose_as in ("simulator", "tgi"):  # vLLM and llama.cpp have no /info
+        app.router.add_get("/info", tgi_info)
 
 
 def _dumps(obj: Any) -> str:
