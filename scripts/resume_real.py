@@ -175,14 +175,14 @@ class Answer:
         around = [number for _, number in spans[max(0, after - 2) : after + 2]]
         return around, all(b == a + 1 for a, b in zip(around, around[1:], strict=False))
 
-    def seam_after(self, moment: float) -> int | None:
+    def seam_after(self, moment: float) -> tuple[int, float] | None:
         """The index of the first text chunk after the longest pause that ended after
-        `moment` (the kill): where the continuation began."""
+        `moment` (the kill), where the continuation began, and that pause (s)."""
         best, where = 0.0, None
         for i in range(1, len(self.times)):
             if self.times[i] > moment and self.times[i] - self.times[i - 1] > best:
                 best, where = self.times[i] - self.times[i - 1], i
-        return where
+        return None if where is None else (where, best)
 
 
 async def stream_one(client: AsyncOpenAI, answer: Answer, max_tokens: int) -> None:
@@ -283,14 +283,18 @@ def report(answers: list[Answer], killed_at: float, lines: dict[str, dict[str, A
         line = lines.get(answer.request_id or "", {})
         if not line.get("resumes"):
             continue
-        seam = answer.seam_after(killed_at)
-        if seam is None:
+        found = answer.seam_after(killed_at)
+        if found is None:
             continue
+        seam, pause_s = found
         before = "".join(answer.texts[:seam])
         after = "".join(answer.texts[seam:])[:SHOWN_CHARS]
         around, counts = answer.counts_on(len(before))
         broken += not counts
-        print(f"\n  answer {answer.index} around its seam (left {line.get('resumed_from')}):")
+        print(
+            f"\n  answer {answer.index} around its seam (left {line.get('resumed_from')}; "
+            f"the client waited {pause_s:.2f} s there):"
+        )
         print(f"    ...{before[-SHOWN_CHARS:]!r}")
         print(f"    ||| {after!r}...")
         print(f"    numbers at the seam {around}: " + ("count on" if counts else "DO NOT count on"))
