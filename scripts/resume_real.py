@@ -105,8 +105,11 @@ class Engine:
                 [
                     str(self.binary),
                     *("--model", str(self.model), "--host", "127.0.0.1"),
-                    *("--port", str(self.port), "--parallel", str(self.slots)),
-                    *("--ctx-size", str(1024 * self.slots), "--threads", "1"),
+                    # Twice the gateway's slots: room for the answers carried over from
+                    # the other server (a carry-over takes a place over the gateway's
+                    # limit; with none in the engine it waits there for a whole answer).
+                    *("--port", str(self.port), "--parallel", str(2 * self.slots)),
+                    *("--ctx-size", str(2 * 1024 * self.slots), "--threads", "1"),
                     "--cont-batching",
                     "--metrics",
                 ],
@@ -290,14 +293,21 @@ def report(answers: list[Answer], killed_at: float, lines: dict[str, dict[str, A
         before = "".join(answer.texts[:seam])
         after = "".join(answer.texts[seam:])[:SHOWN_CHARS]
         around, counts = answer.counts_on(len(before))
-        broken += not counts
+        checked = len(around) >= 2  # the model may not count (batching moves its numerics)
+        broken += checked and not counts
         print(
             f"\n  answer {answer.index} around its seam (left {line.get('resumed_from')}; "
             f"the client waited {pause_s:.2f} s there):"
         )
         print(f"    ...{before[-SHOWN_CHARS:]!r}")
         print(f"    ||| {after!r}...")
-        print(f"    numbers at the seam {around}: " + ("count on" if counts else "DO NOT count on"))
+        if not checked:
+            print("    no numbers at the seam (the model did not count this time): read it")
+        else:
+            print(
+                f"    numbers at the seam {around}: "
+                + ("count on" if counts else "DO NOT count on")
+            )
     return broken
 
 
@@ -339,7 +349,9 @@ def main() -> int:
         "--answers", type=int, help="answers streamed at once (default: every slot, 2 x slots)"
     )
     parser.add_argument("--max-tokens", type=int, default=160)
-    parser.add_argument("--slots", type=int, default=2, help="--parallel of each server")
+    parser.add_argument(
+        "--slots", type=int, default=2, help="each server's max_concurrency (--parallel: 2x)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="kills (each server in turn)")
     parser.add_argument(
         "--kill-after", type=int, default=20, help="text chunks each running answer has first"
