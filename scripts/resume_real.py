@@ -16,7 +16,7 @@ kill.
 
     python scripts/resume_real.py [--answers 4] [--max-tokens 160] [--rounds 2]
 
-Not in CI (real engines are not): about two minutes on 2 cores. The server binary and
+Not in CI (real engines are not): about 25 s on 2 cores. The server binary and
 the model come from `$VENV` (default `.venv-real`, else the main checkout's, as
 `real_backend.sh` leaves them) and `results/models`; run `scripts/real_backend.sh` once
 to build them. Exit status 1 when an answer was not whole or did not count on at its seam. Every process it starts is
