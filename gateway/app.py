@@ -409,7 +409,9 @@ async def drain(app: web.Application, timeout_s: float) -> int:
     if left:
         cut = cut_running(state)
         state.events.warning("drain_deadline", in_flight=left, cut=cut, deadline_s=timeout_s)
-        await _until_idle(state, CUT_GRACE_S)
+        # Cut again at each look: a request that was between its slot and its backend
+        # at the deadline reaches its backend after it.
+        await _until_idle(state, CUT_GRACE_S, each_look=lambda: cut_running(state))
     return left
 
 
@@ -426,9 +428,13 @@ def cut_running(state: GatewayState) -> int:
     return len(watchdogs)
 
 
-async def _until_idle(state: GatewayState, timeout_s: float) -> None:
+async def _until_idle(
+    state: GatewayState, timeout_s: float, each_look: Callable[[], object] | None = None
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     # Polling for a few seconds at shutdown is simpler than an event on every release.
     while state.in_flight and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.05)
+        if each_look is not None:
+            each_look()

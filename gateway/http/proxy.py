@@ -266,7 +266,11 @@ def relay_plan(
         dialect=dialect,
         shape=shape,
         response_headers=response_headers,
-        error_event=lambda refusal: dialect.error_event(refusal_body(refusal)),
+        # With its retry hint when it has one (a stream cut at shutdown: Retry-After is
+        # out of reach once the 200 went out).
+        error_event=lambda refusal: dialect.error_event(
+            in_band_error(refusal_body(refusal), retry_after_s=refusal.retry_after_s, queue_ms=None)
+        ),
         on_first_byte=on_first_byte,
         early_response=None if early is None else early.response,
         stop_early=None if early is None else early.stop,

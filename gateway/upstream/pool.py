@@ -351,12 +351,12 @@ class Backend:
             return False
         if self.prefill_budget_s:
             if self.rides_along(prompt_tokens):
-                # Small prompts together stay within one budget beside the long one, by
-                # their work (tokens at the learned rate): the first token's fixed cost is
-                # paid once per engine step, not once per prompt (counted per prompt, a
-                # 20 ms prior let four 10-token prompts prefill at once).
-                rate = self.model.prefill_tokens_per_s
-                return (self.riding_tokens + prompt_tokens) / rate <= self.prefill_budget_s
+                # Small prompts together stay within one budget beside the long one, as
+                # one prompt of their tokens: the first token's fixed cost is paid once per
+                # engine step, not once per prompt (counted per prompt, a 20 ms prior let
+                # four 10-token prompts prefill at once).
+                riding = self.riding_tokens + prompt_tokens
+                return self.model.prefill_s(riding) <= self.prefill_budget_s
             in_prefill = self.prefilling_s + self.others_prefilling_s + kept.prefill_s
             return in_prefill + self.model.prefill_s(prompt_tokens) <= self.prefill_budget_s
         return True

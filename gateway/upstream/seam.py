@@ -243,7 +243,19 @@ def sse(chunk: Any, prefix: bytes = b"data: ") -> bytes:
 
 
 class OpenAIContinuation(Continuation):
-    __slots__ = ()
+    """An OpenAI continuation. When its first text repeats, in one delta, the whole text
+    it was asked to go on from, the repeat is dropped: llama.cpp's server streams the
+    last assistant message it continues as its first content delta (the portable build
+    of `scripts/real_backend.sh` does), and the client read its answer so far twice. One
+    token cannot hold two tokens' text, so a seam of two tokens or more is never taken
+    for a repeat by a new token that happens to begin the same way."""
+
+    __slots__ = ("_echo",)
+
+    def __init__(self, seam: Seam, *, strip_usage: bool) -> None:
+        super().__init__(seam, strip_usage=strip_usage)
+        #: The client's text, until this part's first text came (None: then on).
+        self._echo: str | None = seam.text if seam.tokens >= 2 else None
 
     def _rewrite_chunk(self, chunk: dict[str, Any]) -> bytes:
         for key, value in self.seam.head.items():
@@ -267,16 +279,24 @@ class OpenAIContinuation(Continuation):
         delta = choice.get("delta")
         if isinstance(delta, dict):
             delta.pop("role", None)
-            text = delta.get("content")
+            holder, key = delta, "content"
             other = any(v for k, v in delta.items() if k != "content")
         else:
-            text = choice.get("text")
-            other = False
+            holder, key, other = choice, "text", False
+        text = holder.get(key)
+        finish = choice.get("finish_reason") is not None
+        if self._echo is not None and isinstance(text, str) and text:
+            if text.startswith(self._echo):  # the answer so far, repeated: not a token
+                text = holder[key] = text[len(self._echo) :]
+                if not text:
+                    self._echo = None
+                    return other or finish
+            self._echo = None
         if isinstance(text, str) and text:
             self.tokens += 1
             self.first_token_seen = True
             return True
-        return other or choice.get("finish_reason") is not None
+        return other or finish
 
     def _carry_usage(self, usage: dict[str, Any]) -> None:
         """The usage of the whole answer: this part's completion plus the seam's tokens;

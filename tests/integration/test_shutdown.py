@@ -158,6 +158,7 @@ async def test_sigterm_of_a_replica_with_redis_cuts_at_the_deadline_and_frees_it
         for first, rest in zip(firsts, ends, strict=True):
             events = sse_events(first + rest)
             assert events[-1]["error"]["code"] == "shutting_down", events[-1]
+            assert events[-1]["error"]["retry_after"] == 1
             assert any("choices" in e for e in events[:-1])  # part of the answer came first
             assert "[DONE]" not in events
 

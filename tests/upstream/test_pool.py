@@ -108,11 +108,12 @@ def test_budget_in_seconds_admits_one_long_prompt_on_a_slow_engine() -> None:
     assert first is not None  # over the budget, but alone
     assert pool.try_take("bulk", 1500) is None
     # Small prompts ride along beside it (0.1 s each of a 0.5-s budget), up to one
-    # budget of their work together (the first token's fixed cost is not theirs: five).
+    # budget together as one prompt of their tokens (the first token's fixed cost once:
+    # four, 0.02 + 0.4 s).
     shorts = []
     while (slot := pool.try_take("interactive", 50)) is not None and len(shorts) < 8:
         shorts.append(slot)
-    assert len(shorts) == 5 and sum(slot.prefill_tokens for slot in shorts) / 500.0 <= 0.5
+    assert len(shorts) == 4 and backend.model.prefill_s(backend.riding_tokens) <= 0.5
     pool.prefill_done(first)
     assert pool.try_take("bulk", 1500) is None  # a long one waits for the shorts' first bytes
     for slot in [first, *shorts]:

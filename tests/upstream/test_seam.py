@@ -112,3 +112,32 @@ def test_the_watcher_holds_an_error_event_mid_answer_and_what_follows() -> None:
     out = watcher.feed(chunk("a") + chunk("b") + error + b"data: [DONE]\n\n")
     assert out == chunk("a") + chunk("b")
     assert watcher.held_error and not watcher.done
+
+
+def test_a_continuation_repeating_the_clients_text_first_has_the_repeat_dropped() -> None:
+    """llama.cpp's server streams the assistant message it continues before its new
+    tokens (seen on the portable build `scripts/real_backend.sh` makes): the client must
+    not read its answer so far twice. Its repeat ends with a space the text had not."""
+    seam = read_openai_seam(chunk("", role=True) + chunk("1, 2,") + chunk(" 3,"))
+    stream = OpenAIContinuation(seam, strip_usage=True)
+    leg = (
+        chunk(None, id_="b", role=True)
+        + chunk("1, 2, 3, ", id_="b")
+        + chunk("4", id_="b")
+        + chunk(",", id_="b", finish="length")
+        + b"data: [DONE]\n\n"
+    )
+    out = stream.feed(leg)
+    texts = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n")[:-2]]
+    assert seam.text + "".join(texts) == "1, 2, 3, 4,"
+    assert stream.tokens == 3  # " ", "4", ",": the repeat is no token of the answer
+
+
+def test_a_new_token_beginning_like_the_answer_is_no_repeat() -> None:
+    """The simulator answers a continuation with the words it began with: those are new
+    tokens, one a delta, not the whole text repeated in one."""
+    seam = read_openai_seam(chunk("The") + chunk(" cat"))
+    stream = OpenAIContinuation(seam, strip_usage=True)
+    out = stream.feed(chunk("The") + chunk(" cat") + chunk(" sat"))
+    texts = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e]
+    assert texts == ["The", " cat", " sat"] and stream.tokens == 3

@@ -172,7 +172,7 @@ def test_short_prompts_alone_prefill_together_not_one_at_a_time() -> None:
     """Traffic of short prompts only: "a long prompt" is one of them, and the automatic
     budget was one of their prefills, so each waited for the one before's first byte
     (64 arriving together: the last one 63 first bytes late). The budget is at least
-    MIN_AUTO_PREFILL_BUDGET_TOKENS' prefill, and riding prompts count by their tokens."""
+    MIN_AUTO_PREFILL_BUDGET_TOKENS' prefill, and riding prompts count as one prompt."""
     backend = Backend.from_settings(BackendSettings(url="http://b.invalid", name="b"))
     backend.max_concurrency = 256
     backend.fit_prefill_budget(11)  # every prompt seen was 11 tokens
@@ -181,7 +181,9 @@ def test_short_prompts_alone_prefill_together_not_one_at_a_time() -> None:
     slots = []
     while (slot := pool.try_take("interactive", 11)) is not None and len(slots) < 64:
         slots.append(slot)
-    assert len(slots) >= 48  # within one budget of their tokens (it was 1, then 4)
+    # As one prompt of their tokens within the budget: 46 (it was 1; then, each with the
+    # 20-ms fixed cost of a first token, 4).
+    assert len(slots) >= 40
     assert backend.riding_tokens == len(slots) * 11
     for slot in slots:
         pool.give_back(slot)
