@@ -15,6 +15,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from tests.conftest import StartSimulator, chat, free_port, sse_events, wait_ready
+from tests.helpers import eventually
 from tests.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,9 +176,15 @@ async def test_sigterm_of_a_replica_with_redis_cuts_at_the_deadline_and_frees_it
         assert [(line["status"], line["outcome"]) for line in cut] == [
             (200, "rejected_shutting_down")
         ] * 2
+        await answer.read()  # B's own lease is given back when its answer ends
         client = aioredis.Redis.from_url(redis_server.url)
+
+        async def no_lease_left() -> bool:
+            # Given back in the background once B's answer ended.
+            return await client.zcard(f"llmgw:slots:{backend}") == 0
+
         try:
-            assert await client.zcard(f"llmgw:slots:{backend}") == 0
+            await eventually(no_lease_left, within_s=5.0)
         finally:
             await client.aclose()
     finally:
