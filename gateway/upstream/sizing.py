@@ -341,7 +341,7 @@ class BackendSizer:
         tokens (32 sequences of a chat mix on an A10G): sent 128, the requests past its
         batch wait inside it for a whole answer to end, where no lane can put a short one
         first (the matrix: 2.1-2.5x the floor at 80% load). Learned, the batch becomes the
-        slots the lanes share. It is probed upward one slot at a time while the engine
+        slots the lanes share. It is probed upward, an eighth at a time, while the engine
         runs all of it with none waiting, since a batch bounded by tokens grows when the
         requests are smaller."""
         if backend.concurrency_configured or load.running is None:
