@@ -41,7 +41,7 @@ CELLS = (
     Cell("llamacpp-one-slot", "chat", 0.5),
     # TGI's batch learned behind its router's limit; an H100's prefill budget refitted as
     # soon as its rate is learned.
-    Cell("tgi-a10g", "conversation", 0.8),
+    Cell("tgi-a10g", "chat", 1.2),
     Cell("vllm-h100", "prefill-heavy", 0.8),
 )
 
