@@ -249,9 +249,9 @@ def _same_server(backend: Backend, want: BackendSettings, pool: str) -> bool:
     return backend.url == want.url.rstrip("/") and pool == pool_key(want.models)
 
 
-def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
-    """Set what a reload may change on a backend that stays; True when something did."""
-    before = (
+def _reloadable(backend: Backend) -> tuple[Any, ...]:
+    """What a reload may change on a backend that stays."""
+    return (
         backend.weight,
         backend.api_key,
         backend.priority_field,
@@ -261,6 +261,11 @@ def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
         backend.prefill_budget_auto,
         backend.engine,
     )
+
+
+def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
+    """Set what a reload may change on a backend that stays; True when something did."""
+    before = _reloadable(backend)
     backend.weight = want.weight
     backend.api_key = want.api_key
     backend.priority_field = want.priority_field
@@ -268,8 +273,10 @@ def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
     backend.concurrency_configured = want.max_concurrency is not None
     if want.max_concurrency is not None:
         backend.max_concurrency = want.max_concurrency
-    else:  # what the engine said, else the default
-        backend.max_concurrency = getattr(facts, "slots", None) or DEFAULT_MAX_CONCURRENCY
+    else:
+        # What the engine said (less the batch it was seen to run: TGI's), else the default.
+        told = getattr(facts, "slots", None) or DEFAULT_MAX_CONCURRENCY
+        backend.max_concurrency = min(told, backend.engine_batch or told)
     backend.prefill_budget_auto = want.prefill_budget_s is None
     if want.prefill_budget_s is not None:
         backend.prefill_budget_s = want.prefill_budget_s
@@ -281,14 +288,4 @@ def _update(backend: Backend, want: BackendSettings, facts: Any) -> bool:
     serves_changed = backend.served.mode != want.serves
     if serves_changed:  # read anew at the next check (or not at all: "any")
         backend.served = ServedModels.configured(want.models, want.serves)
-    after = (
-        backend.weight,
-        backend.api_key,
-        backend.priority_field,
-        backend.max_prefill_tokens,
-        backend.max_concurrency,
-        backend.prefill_budget_s,
-        backend.prefill_budget_auto,
-        backend.engine,
-    )
-    return before != after or serves_changed
+    return _reloadable(backend) != before or serves_changed

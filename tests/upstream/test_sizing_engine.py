@@ -188,3 +188,16 @@ def test_short_prompts_alone_prefill_together_not_one_at_a_time() -> None:
     for slot in slots:
         pool.give_back(slot)
     assert backend.riding_tokens == 0 and backend.prefilling_tokens == 0
+
+
+def test_a_reload_keeps_the_batch_learned_behind_a_routers_limit() -> None:
+    """A reload that leaves the backend's slots unset must not put back TGI's 128."""
+    from gateway.upstream.membership import _update
+    from gateway.upstream.telemetry import BackendFacts
+
+    sizer, _ = sizer_with_slots(None)
+    backend = sizer.pool.backends[0]
+    backend.engine_batch = backend.max_concurrency = 32
+    settings = BackendSettings(url="http://floor.invalid", name="b0", weight=2.0)
+    assert _update(backend, settings, BackendFacts(engine="tgi", slots=128))  # the weight
+    assert backend.max_concurrency == 32
