@@ -73,7 +73,7 @@ def test_default_lanes_are_interactive_then_bulk() -> None:
     assert interactive.promote_after_s is None
     assert (bulk.max_prompt_tokens, bulk.max_output_tokens) == (None, None)
     assert (bulk.queue_timeout_s, bulk.max_queue_depth) == (30.0, 64)
-    assert (bulk.max_slot_share, bulk.min_slots, bulk.promote_after_s) == (1.0, 1, 10.0)
+    assert (bulk.max_slot_share, bulk.min_slots, bulk.promote_after_s) == (1.0, 0, 10.0)
 
 
 def test_bulk_may_use_every_slot_by_default() -> None:

@@ -63,11 +63,18 @@ def default_lanes() -> list[LaneSettings]:
             queue_timeout_s=5.0,
             max_queue_depth=256,
         ),
+        # No floor: while short requests wait, a freed slot goes to them, and promotion
+        # alone keeps long ones from starving. A floor kept a long request running at
+        # all times, and on an engine whose long prefill freezes every decode beside it
+        # (llama.cpp, TGI) the short ones held their slots through each of those
+        # prefills: short P99 1.5-1.9x the floor on CPU engines at 120%, 1.0x without
+        # (and more long requests refused: docs/matrix.md, `chat-long-replies`).
         LaneSettings(
             name="bulk",
             queue_timeout_s=30.0,
             max_queue_depth=64,
             promote_after_s=10.0,
+            min_slots=0,
         ),
     ]
 

@@ -191,6 +191,10 @@ class LaneState:
     backlog_since: float | None = None
     #: When its latest requests got their slots (the drain rate's samples).
     dispatched_at: deque[float] = field(default_factory=lambda: deque(maxlen=DRAIN_SAMPLES))
+    #: The latest moment it was progressing: it got a slot, or it still held its
+    #: `promoted_slots` (its promotion clock starts here, not at its latest grant: a lane
+    #: whose one long request ran for 17 s was not starving meanwhile).
+    progressed_at: float | None = None
     #: Its queue had requests at the last look (for `Scheduler.on_waiting`).
     had_waiters: bool = False
     #: Gets no new slot while set (with [redis]: a higher lane has requests waiting in
@@ -515,6 +519,7 @@ class Scheduler:
                 lane.recent_waits.append(0.0)
                 lane.last_wait_at = now
                 lane.dispatched_at.append(now)
+                lane.progressed_at = now
                 return Grant(name, slot, 0.0, now, tenant=tenant, charged=charged)
         waiter = _Waiter(
             now,
@@ -654,11 +659,13 @@ class Scheduler:
             return
         grant.released = True
         lane = self._by_name[grant.lane]
+        now = self._now()
+        if lane.in_flight >= lane.settings.promoted_slots:
+            lane.progressed_at = now
         lane.in_flight -= 1
         prompt = grant.charged if served_prompt_tokens is None else served_prompt_tokens
         grant.cost = self.cost.of(int(prompt), output_tokens)
         lane.queue.settle(grant.tenant, grant.charged, grant.cost)
-        now = self._now()
         held = now - grant.granted_at
         if lane.hold_ewma_s is None:
             lane.hold_ewma_s = held
@@ -752,6 +759,7 @@ class Scheduler:
             lane.recent_waits.append(waited)
             lane.last_wait_at = now
             lane.dispatched_at.append(now)
+            lane.progressed_at = now
             waiter.future.set_result(
                 Grant(lane.name, slot, waited, now, tenant=waiter.tenant, charged=charged)
             )
@@ -817,7 +825,7 @@ class Scheduler:
         oldest = lane.queue.oldest_enqueued_at()
         after = lane.settings.promote_after_s
         if after is not None and oldest is not None:
-            last = lane.dispatched_at[-1] if lane.dispatched_at else oldest
+            last = lane.progressed_at if lane.progressed_at is not None else oldest
             moments.append(max(oldest, last) + after)
         return max(0.001, min(moments, default=now + 1.0) - now)
 
@@ -832,11 +840,15 @@ class Scheduler:
 
     @staticmethod
     def _promoted(lane: LaneState, now: float) -> bool:
-        """Its oldest request waited past `promote_after_s`, and the lane got no slot in
-        that time while it runs fewer than `promoted_slots`: it is starved, so it goes
-        before the higher lanes. A lane that got a slot meanwhile is progressing: its
-        requests wait their turn (on one slot, each promotion would hold every short
-        request behind a whole long answer, though the long ones were not starved)."""
+        """Its oldest request waited past `promote_after_s`, and for that long the lane
+        has neither got a slot nor held its `promoted_slots`: it is starved, so it goes
+        before the higher lanes. A lane that got a slot meanwhile, or whose requests were
+        running, is progressing: its requests wait their turn (on one slot, each
+        promotion would hold every short request behind a whole long answer, though the
+        long ones were not starved; on a CPU engine, a long request's prefill and answer
+        outlast the promotion age, and timed from its grant the next long one was
+        promoted the moment it ended, every short request's decode frozen again for the
+        next long prefill)."""
         settings = lane.settings
         after = settings.promote_after_s
         if after is None or lane.in_flight >= settings.promoted_slots:
@@ -844,7 +856,7 @@ class Scheduler:
         oldest = lane.queue.oldest_enqueued_at()
         if oldest is None or now - oldest < after:
             return False
-        return not lane.dispatched_at or now - lane.dispatched_at[-1] >= after
+        return lane.progressed_at is None or now - lane.progressed_at >= after
 
     def _first_served(self, lane: LaneState, now: float) -> tuple[_Waiter | None, Any]:
         """The lane's first request in line that gets a slot now, and the slot.

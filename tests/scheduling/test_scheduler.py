@@ -164,6 +164,32 @@ async def test_a_lane_that_got_a_slot_lately_is_progressing_not_promoted() -> No
     scheduler.release(await asyncio.wait_for(later, 1))
 
 
+async def test_a_lane_whose_request_ran_past_promote_after_is_not_starved_at_its_end() -> None:
+    """A lane is starved only while it holds none of its promoted slots: on a CPU engine a
+    long request runs longer than promote_after_s, and timed from its grant the next long
+    one went first the moment it ended, every time (short requests behind one long
+    prefill after another: 1.4-1.6x the engine floor at 120% load)."""
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"promote_after_s": 0.05}, clock=clock)
+    running = await scheduler.acquire("bulk")
+    waiting = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    clock.advance(1.0)  # the long one ran 1 s; the next one has waited as long
+    short = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    scheduler.release(running)
+    await settle()
+    assert short.done() and not waiting.done(), "a lane that just held its slot cut in"
+    clock.advance(0.1)  # now bulk has held no slot for 0.1 s: starved, it goes first
+    later = asyncio.create_task(scheduler.acquire("interactive"))
+    await settle()
+    scheduler.release(short.result())
+    await settle()
+    assert waiting.done() and not later.done()
+    scheduler.release(waiting.result())
+    scheduler.release(await asyncio.wait_for(later, 1))
+
+
 async def test_not_yet_promoted_request_still_yields_to_higher_lane() -> None:
     scheduler, _ = make(1, bulk={"promote_after_s": 10})
     held = await scheduler.acquire("interactive")

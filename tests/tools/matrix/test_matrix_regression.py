@@ -1,6 +1,6 @@
 """The engine matrix's CI subset: no release gets slower on an engine nobody looked at.
 
-Six cells of `gateway matrix` (an engine of each kind of prefill and speed, the loads
+Nine cells of `gateway matrix` (an engine of each kind of prefill and speed, the loads
 where the promises bite), replayed in virtual time on the gateway's built-in defaults:
 deterministic, so a figure moves only when the code does. Each cell's short-request P99
 (as a multiple of its engine floor) and refused share are held to the figures recorded
@@ -43,6 +43,10 @@ CELLS = (
     # soon as its rate is learned.
     Cell("tgi-a10g", "chat", 1.2),
     Cell("vllm-h100", "prefill-heavy", 0.8),
+    # The real llama.cpp benchmark's mix on a CPU engine in overload: the bulk lane's
+    # floor and a promotion timed from its last grant held shorts behind one long prefill
+    # after another (1.5x the floor).
+    Cell("llamacpp-cpu", "chat-long-replies", 1.2),
 )
 
 
