@@ -112,6 +112,8 @@ async def _moves(http: aiohttp.ClientSession, gateway: Any, dns: Any, old: str, 
         return list(await backends()) == ["sim@127.0.0.3"]
 
     await eventually(forgotten, within_s=10)
+    # Its lines are read from the process's stderr, which may come a moment after.
+    await eventually(lambda: gateway.events("backend_left"), within_s=5)
     assert gateway.events("dns_addresses_changed")[-1]["addresses"] == ["127.0.0.3"]
     assert gateway.events("backend_left")[0]["backend"] == "sim@127.0.0.2"
 

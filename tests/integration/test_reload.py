@@ -155,6 +155,8 @@ async def test_a_reload_drains_a_dropped_backend_and_sends_new_requests_to_the_a
         return "first" not in await backends()
 
     await eventually(forgotten, within_s=10)
+    # Its line is read from the process's stderr, which may come a moment after.
+    await eventually(lambda: gateway.events("backend_left"), within_s=5)
     assert gateway.events("backend_left")[0]["backend"] == "first"
 
 
