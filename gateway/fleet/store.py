@@ -119,15 +119,21 @@ class SharedStore:
         """A Lua script run by its SHA (EVALSHA, loaded on first use)."""
         return self.client.register_script(lua)
 
-    async def call(self, op: str, fn: Callable[[], Awaitable[T]]) -> T | None:
+    async def call(
+        self, op: str, fn: Callable[[], Awaitable[T]], *, off_request_path: bool = False
+    ) -> T | None:
         """`fn()` within the timeout; None (and the store down) when it failed.
 
         While the store is down nothing is tried (None at once): only `ping`, from the
-        fleet's tick, brings it back.
+        fleet's tick, brings it back. A call no request waits for (the learned state's
+        read at start-up and its saves) gets `backstop_s`, like the ping: at start-up,
+        on a loaded machine, its first read took over 0.1 s and sent the replica to its
+        local share of every quota though Redis was fine.
         """
         if not self.up:
             return None
-        return await self._attempt(op, fn)
+        bound_s = backstop_s(self.settings.timeout_s) if off_request_path else None
+        return await self._attempt(op, fn, bound_s)
 
     async def _attempt(
         self, op: str, fn: Callable[[], Awaitable[T]], timeout_s: float | None = None

@@ -208,7 +208,9 @@ class SharedLearnedState(LearnedState):
         return f"redis:{self.redis_key}"
 
     async def restore_shared(self, backends: Iterable[Backend]) -> int:
-        raw = await self.store.call("learned_state", lambda: self.store.client.get(self.redis_key))
+        raw = await self.store.call(
+            "learned_state", lambda: self.store.client.get(self.redis_key), off_request_path=True
+        )
         if not raw:
             return 0
         try:
@@ -221,13 +223,15 @@ class SharedLearnedState(LearnedState):
         self, backends: Iterable[Backend], facts: dict[str, BackendFacts | None]
     ) -> bool:
         client, key = self.store.client, self.redis_key
-        raw = await self.store.call("learned_state", lambda: client.get(key))
+        raw = await self.store.call("learned_state", lambda: client.get(key), off_request_path=True)
         try:
             before = json.loads(raw) if raw else None
         except ValueError:
             before = None
         document = json.dumps(self.merged(before, backends, facts))
         done = await self.store.call(
-            "learned_state", lambda: client.set(key, document, ex=int(MAX_AGE_S))
+            "learned_state",
+            lambda: client.set(key, document, ex=int(MAX_AGE_S)),
+            off_request_path=True,
         )
         return bool(done)

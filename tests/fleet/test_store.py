@@ -89,3 +89,28 @@ async def test_a_redis_that_is_really_slow_still_times_out_once(
         assert store.up
     finally:
         await store.close()
+
+
+async def test_a_call_no_request_waits_for_gets_the_backstop_not_the_request_timeout(
+    redis_server: RedisServer,
+) -> None:
+    """The learned state's read at start-up took over 0.1 s on a loaded CI machine and
+    sent a replica to its local share of every quota (test_quotas read 50000 of 100000).
+    Off the request path a call gets `backstop_s` (1 s here), as the ping does."""
+    events = Events()
+    store = store_on(redis_server.url, events)
+    try:
+        assert await store.ping()
+        # Redis busy for 0.3 s: 3x the request timeout, well inside the backstop.
+        answer = await store.call(
+            "learned_state", lambda: store.client.eval(BUSY, 0, 300_000), off_request_path=True
+        )
+        assert answer == 1, events.warnings
+        assert store.up
+        assert events.warnings == []
+        # The same call on the request path still gives up at the request timeout.
+        answer = await store.call("busy", lambda: store.client.eval(BUSY, 0, 300_000))
+        assert answer is None
+        assert not store.up
+    finally:
+        await store.close()

@@ -50,7 +50,9 @@ async def test_load_is_spread_in_proportion_to_capacity(
     async def one(index: int) -> str:
         async with http.post(
             gateway.url + "/v1/chat/completions",
-            json=chat(f"Question {index}: how are you?", max_tokens=40, stream=True),
+            # Long enough (over half a second each) that the 48 overlap: on a loaded machine
+            # 40 tokens each arrived spread out, each onto two idle backends, 26:22.
+            json=chat(f"Question {index}: how are you?", max_tokens=120, stream=True),
         ) as resp:
             assert resp.status == 200
             await resp.read()

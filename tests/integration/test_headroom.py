@@ -51,6 +51,7 @@ async def steady_shorts(http: aiohttp.ClientSession, url: str, every_s: float) -
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its shorts' first tokens are timed: alone, after the parallel part
 async def test_a_burst_of_shorts_while_longs_arrive_starts_at_once(
     start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:

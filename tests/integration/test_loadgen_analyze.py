@@ -12,10 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gateway.config import LaneSettings
 from gateway.tools.analyze import analyze, load_records
 from gateway.tools.loadgen import TrafficClass, poisson_schedule, run_open_loop, summarize_run
 from tests.conftest import StartGateway, StartSimulator
+
+#: A load generator run whose queue the analyzer must find: it runs alone, after the
+#: parallel part of `make test` (the `serial` marker), so the queue is the gateway's.
+pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -37,6 +37,10 @@ from tests import helpers
 from tests.conftest import RunningGateway, StartGateway, StartSimulator, chat
 from tests.helpers import Baseline, baseline, open_fds
 
+#: A thousand open streams and a burst far over capacity load both cores by themselves: they
+#: run alone, after the parallel part of `make test` (the `serial` marker).
+pytestmark = pytest.mark.serial
+
 ROUTE = "/v1/chat/completions"
 #: Connection attempts in flight at once, below the test server's listen backlog of 128.
 CONNECTING = 100
