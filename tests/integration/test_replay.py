@@ -1,7 +1,6 @@
 """`gateway replay` is faithful: a trace slice replayed in virtual time through the gateway's
 own scheduler gets the P99 TTFT, per lane, that the real gateway process gets in real time
-in front of real simulator processes (within 10 %, or within what the real processes add to
-each request, REAL_TIME_OVERHEAD_MS)."""
+in front of real simulator processes (within MAX_GAP: 20 %)."""
 
 from __future__ import annotations
 
@@ -21,13 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "tests" / "data" / "azure_conv_600s_30s.csv"
 
 
-#: What the real processes add to each request that the virtual clock does not model: on a
-#: loaded 2-core machine a real simulator's first token came 12-16 ms after its model's for a
-#: 47-token prompt and 50 ms after for a 1407-token one (HTTP, tokenizing, the event loop),
-#: and the interactive lane's P99 (~600 ms, a maximum of 15) read 11-16% above the virtual
-#: one in every run, on this commit and on older ones alike. A scheduling difference (a short
-#: behind a long prefill) is several hundred ms; this allowance does not hide one.
-REAL_TIME_OVERHEAD_MS = 100.0
+#: How far the P99s may differ, as a share of the real one. The real processes add a cost
+#: per request that the virtual clock does not model (HTTP, tokenizing, three event loops):
+#: on a loaded 2-core machine a real simulator's first token came 12-16 ms after its
+#: model's for a 47-token prompt and ~50 ms after for a 1407-token one, and a queue
+#: compounds it. The interactive lane's P99 (~600 ms, the maximum of 15) read 11-16.5%
+#: above the virtual one in six runs, on this commit and on an older one alike. A
+#: scheduling difference, a short request behind a long prefill, costs about that
+#: prefill: ~1 s for the simulator's 2000-token prompt, over half such a P99.
+MAX_GAP = 0.20
 
 
 @pytest.mark.timeout(120)
@@ -62,6 +63,5 @@ def test_virtual_and_real_time_agree_on_each_lanes_p99(tmp_path: Path) -> None:
     for cls, row in classes.items():
         assert row["virtual"] is not None, cls
         assert row["real"]["completed"] == row["virtual"]["completed"], cls
-        slack_ms = abs(row["virtual_p99_ms"] - row["real_p99_ms"])
-        assert abs(row["gap"]) <= 0.10 or slack_ms <= REAL_TIME_OVERHEAD_MS, (cls, row)
+        assert abs(row["gap"]) <= MAX_GAP, (cls, row)
     assert run["virtual_wall_s"] < run["real_wall_s"] / 5

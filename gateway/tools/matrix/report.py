@@ -22,9 +22,14 @@ def _ratio(value: float | None, of: float | None) -> str:
     return f"{value / of:.2f}x"
 
 
-def _refused(run: dict[str, Any]) -> str:
+def _refused(cell: dict[str, Any]) -> str:
+    run = cell["runs"]["gateway"]
     shorts = run["shorts"] or 1
-    return f"{run['short_refused']}/{run['shorts']} ({100.0 * run['short_refused'] / shorts:.0f}%)"
+    text = f"{run['short_refused']}/{run['shorts']} ({100.0 * run['short_refused'] / shorts:.0f}%)"
+    late = cell.get("ideal_shorts_late")
+    if late is not None and late > 0.05:
+        text += f" †{100.0 * late:.0f}%"
+    return text
 
 
 def row(cell: dict[str, Any]) -> list[str]:
@@ -41,7 +46,7 @@ def row(cell: dict[str, Any]) -> list[str]:
         _ratio(gateway["short_p99_s"], cell["floor_s"])
         + ("" if cell.get("floor_reachable", True) else "*"),
         _s(ideal["short_p99_s"]),
-        _refused(gateway),
+        _refused(cell),
         _s(direct["long_p99_s"]),
         _s(gateway["long_p99_s"]),
         _s(ideal["long_p99_s"]),
@@ -88,7 +93,10 @@ def table(cells: Sequence[dict[str, Any]]) -> str:
 
 FOOTNOTE = (
     "`*`: the ideal scheduler itself is over 1.3x the floor in this cell (the short "
-    "requests' own demand queues them), so the cell is held to 1.1x the ideal's."
+    "requests' own demand queues them), so the cell is held to 1.1x the ideal's. "
+    "`†N%`: the ideal scheduler gives N% of the short requests their first token later "
+    "than the lane's deadline (the gateway's own fit: 1.5x the floor, at least 5 s), so "
+    "the cell may refuse up to that share."
 )
 
 
