@@ -47,7 +47,7 @@ test: $(STAMP)
 	@$(PYTEST_PART) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(ARGS)
 	@$(PYTEST_PART) $(PY) -m pytest -q -m serial $(ARGS)
 
-## test-fast: the inner loop, under a minute: the suite without the tests marked `slow`
+## test-fast: the inner loop, about a minute: the suite without the tests marked `slow`
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
 

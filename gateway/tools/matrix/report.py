@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.scheduling.fitting import DEADLINE_OVER_FLOOR
+from gateway.tools.matrix.cells import MAX_SHORT_REFUSED
+
 
 def _s(value: float | None) -> str:
     if value is None:
@@ -27,7 +30,7 @@ def _refused(cell: dict[str, Any]) -> str:
     shorts = run["shorts"] or 1
     text = f"{run['short_refused']}/{run['shorts']} ({100.0 * run['short_refused'] / shorts:.0f}%)"
     late = cell.get("ideal_shorts_late")
-    if late is not None and late > 0.05:
+    if late is not None and late > MAX_SHORT_REFUSED:
         text += f" †{100.0 * late:.0f}%"
     return text
 
@@ -95,8 +98,9 @@ FOOTNOTE = (
     "`*`: the ideal scheduler itself is over 1.3x the floor in this cell (the short "
     "requests' own demand queues them), so the cell is held to 1.1x the ideal's. "
     "`†N%`: the ideal scheduler gives N% of the short requests their first token later "
-    "than the lane's deadline (the gateway's own fit: 1.5x the floor, at least 5 s), so "
-    "the cell may refuse up to that share."
+    "than the lane's deadline (the gateway's own fit: "
+    f"{DEADLINE_OVER_FLOOR:g}x the floor, at least the configured one), so the cell may "
+    "refuse up to that share."
 )
 
 
