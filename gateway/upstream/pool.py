@@ -235,6 +235,13 @@ class Backend:
     prefilling_s: float = 0.0
     #: Prompt + max_tokens of the requests in flight here.
     outstanding_tokens: int = 0
+    #: The tokens the engine's batch holds at most, a request's prompt and max_tokens
+    #: reserved as it joins (TGI's `max_batch_total_tokens`); None: it did not say. Past
+    #: them a request waits inside the engine, first come first served, behind long
+    #: answers, where no lane can put a short one first: it waits in its lane instead.
+    batch_tokens: int | None = None
+    #: What the requests in flight here hold of `batch_tokens`, in the engine's tokens.
+    batch_tokens_held: int = 0
     #: The last active health check passed (optimistic until the first one).
     healthy: bool = True
     #: Loop time until which the backend is ejected.
@@ -340,6 +347,19 @@ class Backend:
     def available(self, now: float) -> bool:
         return self.healthy and now >= self.ejected_until and not self.draining
 
+    def batch_cost(self, prompt_tokens: int, output_tokens: int) -> int:
+        """What a request holds of the engine's batch tokens: its prompt in the engine's
+        own tokens and its whole output budget."""
+        return round(prompt_tokens * self.model.token_ratio) + output_tokens
+
+    def fits_batch(self, prompt_tokens: int, output_tokens: int) -> bool:
+        """Room in the engine's batch tokens (a request bigger than all of them goes
+        alone, as the engine itself takes it)."""
+        if self.batch_tokens is None or not self.in_flight:
+            return True
+        cost = self.batch_cost(prompt_tokens, output_tokens)
+        return self.batch_tokens_held + cost <= self.batch_tokens
+
     def can_prefill(self, prompt_tokens: int, kept: Kept = NOTHING_KEPT) -> bool:
         """Room in the prefill budget, less what is `kept` for requests waiting in line;
         a prompt over it goes when nothing else prefills."""
@@ -438,6 +458,8 @@ class Slot:
     model: str | None = None
     #: Its prompt rode along beside the prefill in flight (`Backend.rides_along`).
     riding: bool = False
+    #: What it holds of its backend's batch tokens (`Backend.batch_cost`).
+    batch_tokens: int = 0
 
 
 class BackendPool:
@@ -560,7 +582,10 @@ class BackendPool:
         candidates = [
             backend
             for backend in self.backends_of(lane)
-            if backend is not avoid and backend.free_slots > 0 and backend.available(now)
+            if backend is not avoid
+            and backend.free_slots > 0
+            and backend.available(now)
+            and backend.fits_batch(prompt_tokens, output_tokens)
         ]
         if not candidates:
             return None
@@ -828,6 +853,9 @@ class BackendPool:
             prefill_tokens=uncached,
             reason=reason,
         )
+        if backend.batch_tokens is not None:
+            slot.batch_tokens = backend.batch_cost(prompt_tokens, output_tokens)
+            backend.batch_tokens_held += slot.batch_tokens
         backend.in_flight += 1
         backend.dispatches += 1
         backend.prefilling_tokens += uncached
@@ -873,6 +901,7 @@ class BackendPool:
         )
         backend.in_flight -= 1
         backend.outstanding_tokens -= slot.prompt_tokens + slot.output_tokens
+        backend.batch_tokens_held -= slot.batch_tokens
         if slot.adapter is not None:
             backend.lora.ended(slot.adapter, self.clock())
         if self.on_give_back is not None:

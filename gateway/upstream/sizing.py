@@ -246,6 +246,7 @@ class BackendSizer:
         if facts.slots and not backend.concurrency_configured:
             backend.max_concurrency = min(facts.slots, backend.engine_batch or facts.slots)
         backend.engine_context_tokens = facts.context_tokens
+        backend.batch_tokens = facts.batch_tokens
         if not backend.engine_configured:
             backend.engine = facts.engine
         if facts.engine == "llama.cpp" and facts.slots and facts.context_tokens:
@@ -263,6 +264,7 @@ class BackendSizer:
             slots_from="config" if backend.concurrency_configured else "engine",
             context_tokens=facts.context_tokens,
             max_input_tokens=facts.max_input_tokens,
+            batch_tokens=facts.batch_tokens,
         )
         self.limits_in_force = self.limits()
         self._in_force.clear()
@@ -543,6 +545,8 @@ class BackendSizer:
                     "engine": None if facts is None else facts.engine,
                     "context_tokens": None if facts is None else facts.context_tokens,
                     "max_input_tokens": None if facts is None else facts.max_input_tokens,
+                    "batch_tokens": backend.batch_tokens,
+                    "batch_tokens_held": backend.batch_tokens_held,
                     "engine_load": None
                     if load is None
                     else {

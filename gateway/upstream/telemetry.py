@@ -84,6 +84,9 @@ class BackendFacts:
     context_tokens: int | None = None
     #: Longest prompt it accepts (TGI), in the engine's own tokens.
     max_input_tokens: int | None = None
+    #: The tokens its whole batch may hold, each request's prompt and `max_tokens` reserved
+    #: at admission (TGI's `max_batch_total_tokens`); past them requests wait inside it.
+    batch_tokens: int | None = None
     model: str | None = None
     #: LoRA adapters it serves on its base model (`/v1/models` entries with a `parent`);
     #: None: it lists none.
@@ -105,6 +108,7 @@ class BackendFacts:
                 if self.max_input_tokens is not None
                 else other.max_input_tokens
             ),
+            batch_tokens=self.batch_tokens if self.batch_tokens is not None else other.batch_tokens,
             model=self.model if self.model is not None else other.model,
             adapters=self.adapters if self.adapters is not None else other.adapters,
             prefill=self.prefill if self.prefill is not None else other.prefill,
@@ -119,6 +123,7 @@ class BackendFacts:
                 self.slots,
                 self.context_tokens,
                 self.max_input_tokens,
+                self.batch_tokens,
                 self.model,
                 self.adapters,
                 self.prefill,
@@ -335,6 +340,9 @@ def facts_from_tgi_info(obj: Any) -> BackendFacts | None:
     """TGI's `GET /info`: its concurrency limit and token limits.
 
     TGI 2.1 renamed `max_input_length` to `max_input_tokens`; both are read.
+    `max_concurrent_requests` is its router's limit (requests queued in it count), not its
+    batch: that is `max_batch_total_tokens`, in which the router reserves each request's
+    prompt and `max_new_tokens` when it joins the batch.
     """
     if not isinstance(obj, dict):
         return None
@@ -347,7 +355,12 @@ def facts_from_tgi_info(obj: Any) -> BackendFacts | None:
     if slots is None and total is None and max_input is None:
         return BackendFacts(model=model) if model is not None else None
     return BackendFacts(
-        engine="tgi", slots=slots, context_tokens=total, max_input_tokens=max_input, model=model
+        engine="tgi",
+        slots=slots,
+        context_tokens=total,
+        max_input_tokens=max_input,
+        batch_tokens=_positive_int(obj.get("max_batch_total_tokens")),
+        model=model,
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 from msgspec.structs import replace
 
 from tests.conftest import StartGateway, StartSimulator
+from tests.helpers import eventually
 
 
 def tgi_events(raw: bytes) -> list[dict[str, Any]]:
@@ -99,3 +100,33 @@ async def test_huggingface_inference_client_streams_through_the_gateway(
     outcomes = [line["outcome"] for line in gateway.request_lines()]
     assert outcomes == ["ok", "ok"]
     assert [line["lane"] for line in gateway.request_lines()] == ["interactive"] * 2
+
+
+async def test_no_request_is_sent_past_tgis_batch_tokens(
+    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """TGI's /info says how many tokens its batch holds (`max_batch_total_tokens`), each
+    request's prompt and max_new_tokens reserved as it joins: the gateway sends no more
+    than fit, so none waits inside TGI, where no lane could put a short request first."""
+    sim = await start_simulator_at(pose_as="tgi", max_batch=16, max_batch_tokens=400)
+    gateway = await start_gateway([sim], max_concurrency=16)
+
+    async def told() -> bool:
+        async with http.get(gateway.url + "/debug/backends") as resp:
+            return (await resp.json())["backends"][0]["batch_tokens"] == 400
+
+    await eventually(told)
+    body = {"inputs": "Tell me about lanes.", "parameters": {"max_new_tokens": 80}}
+
+    async def generate() -> int:
+        async with http.post(gateway.url + "/generate", json=body) as resp:
+            await resp.read()
+            return resp.status
+
+    assert await asyncio.gather(*(generate() for _ in range(6))) == [200] * 6
+    async with http.get(sim + "/sim/stats") as resp:
+        stats = await resp.json()
+    # ~85 tokens each: four fit in 400; the other two waited in their lane, not in TGI.
+    assert stats["in_flight_peak"] == stats["running_peak"] == 4
+    lines = gateway.request_lines()
+    assert sum(1 for line in lines if line["queue_ms"] > 50) >= 2

@@ -152,6 +152,33 @@ def test_an_engine_reporting_its_own_queue_gets_no_more_than_it_runs() -> None:
         pool.give_back(slot)
 
 
+def test_an_engine_that_tells_its_batch_tokens_gets_no_request_past_them() -> None:
+    """TGI reserves each request's prompt and max_tokens in its batch's KV tokens: one
+    sent past them would wait inside it behind whole answers, so it waits in its lane,
+    and goes where there is room, or when room is given back."""
+    tgi, other = Backend("tgi", "http://a", 128), Backend("other", "http://b", 1)
+    tgi.batch_tokens = 1000
+    pool = BackendPool([tgi], clock=time.monotonic)
+    first = pool.try_take("x", 300, 300)
+    assert first is not None and tgi.batch_tokens_held == 600
+    assert pool.try_take("x", 300, 200) is None  # 1100 of 1000
+    small = pool.try_take("x", 100, 100)
+    assert small is not None and tgi.batch_tokens_held == 800
+    pool.give_back(first)
+    assert tgi.batch_tokens_held == 200
+    second = pool.try_take("x", 300, 200)
+    assert second is not None and tgi.batch_tokens_held == 700
+    for slot in (small, second):
+        pool.give_back(slot)
+    assert tgi.batch_tokens_held == 0
+    alone = pool.try_take("x", 5000, 500)  # bigger than all of it: it goes alone
+    assert alone is not None and pool.try_take("x", 1, 1) is None
+    # With another backend beside it, the request that does not fit goes there.
+    both = BackendPool([tgi, other], clock=time.monotonic)
+    elsewhere = both.try_take("x", 10, 10)
+    assert elsewhere is not None and elsewhere.backend is other
+
+
 def test_token_ratio_is_the_largest_of_the_backends() -> None:
     a, b = Backend("a", "http://a", 1), Backend("b", "http://b", 1)
     for _ in range(5):

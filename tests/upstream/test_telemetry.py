@@ -321,6 +321,10 @@ TGI_INFO: dict[str, Any] = {
     "max_stop_sequences": 4,
     "max_input_tokens": 1024,
     "max_total_tokens": 2048,
+    # Its backend's info, flattened in: the batch's KV tokens (prompt + max_new_tokens each).
+    "max_batch_total_tokens": 16000,
+    "max_waiting_tokens": 20,
+    "max_batch_size": None,
     "validation_workers": 2,
     "max_client_batch_size": 32,
     "router": "text-generation-router",
@@ -363,6 +367,7 @@ def test_tgi_info() -> None:
         slots=128,
         context_tokens=2048,
         max_input_tokens=1024,
+        batch_tokens=16000,
         model="bigscience/blomm-560m",
     )
 
@@ -424,7 +429,8 @@ def test_props_with_odd_fields() -> None:
 
 def test_tgi_info_with_odd_fields() -> None:
     odd = {"model_id": "", "max_concurrent_requests": False, "max_total_tokens": "2048",
-           "max_input_tokens": None, "max_input_length": 1023.0}  # fmt: skip
+           "max_input_tokens": None, "max_input_length": 1023.0,
+           "max_batch_total_tokens": -5}  # fmt: skip
     assert facts_from_tgi_info(odd) == BackendFacts(engine="tgi", max_input_tokens=1023)
     assert facts_from_tgi_info({"model_id": "m"}) == BackendFacts(model="m")
     for obj in (None, [TGI_INFO], "info", {}, {"error": "Not Found"}):
@@ -508,6 +514,7 @@ async def test_probe_merges_in_order_props_info_models(
         slots=4,  # not /info's 128
         context_tokens=8192,  # not /info's 2048 nor /v1/models' 40960
         max_input_tokens=1024,  # only /info says it
+        batch_tokens=16000,  # ... and this
         model="bigscience/blomm-560m",  # /props had none: /info's
     )
 

@@ -4,8 +4,9 @@ Each profile is the simulator's engine model with the timings of one kind of ser
 one kind of machine, the way it prefills (chunks of a step's token budget beside the
 batch's decoding: vLLM, SGLang, llama.cpp, whose budget is `n_batch`; or whole prompts in
 steps of their own: TGI), what that server says about itself (`replay/answers.py`:
-llama.cpp reports its slots, TGI its router's limit, vLLM and SGLang none), and what a
-user following the docs sets (`max_concurrency` where the engine cannot tell it).
+llama.cpp reports its slots, TGI its router's limit and its batch's KV tokens, vLLM and
+SGLang none), and what a user following the docs sets (`max_concurrency` where the
+engine cannot tell it).
 
 The figures are round numbers of the right order, not measurements of one box: the
 matrix is judged on kinds of engine, not on one machine. The two llama.cpp CPU profiles
@@ -111,11 +112,14 @@ PROFILES: tuple[EngineProfile, ...] = (
     EngineProfile(
         "tgi-a10g",
         "TGI on an A10G: whole-prompt prefill batches of up to 4096 tokens that pause "
-        "decoding (6700 prompt tokens/s), 32 sequences; /info reports 128 (its router's "
-        "limit), which the gateway takes",
+        "decoding (6700 prompt tokens/s); its batch holds 25,600 KV tokens, each request's "
+        "prompt and max_tokens reserved as it joins (~32 chat requests, ~16 of the "
+        "conversation trace), which /info tells (max_batch_total_tokens) beside its "
+        "router's limit of 128 requests",
         ModelledEngine(
             _sim(
-                max_batch=32,
+                max_batch=128,
+                max_batch_tokens=25_600,
                 prefill="whole",
                 prefill_tokens_per_step=4096,
                 step_base_ms=15.0,

@@ -6,8 +6,9 @@ request's class at once. With that it keeps the order the product promises and n
 else: short (first-lane) requests strictly first, first come first served; a long request
 only on an engine where no prompt is in prefill (so at most one long prefill at a time,
 never beside a short one, which a whole-prompt engine would make wait for all of it);
-one slot of every engine of two or more kept for short requests; no deadline, no refusal,
-nothing learned. Requests no lane admits go as long ones (direct, they are sent anyway).
+one slot of every engine of two or more kept for short requests; nobody sent past an
+engine's batch tokens (TGI's), where it would wait inside the engine; no deadline, no
+refusal, nothing learned. Requests no lane admits go as long ones (direct, they are sent anyway).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ class _Place:
 
     engine: Engine
     slots: int
+    #: Its batch's token bound (prompt and max_tokens reserved at admission, TGI's
+    #: `max_batch_total_tokens`); None: none. Past it a request would wait inside it.
+    batch_tokens: int | None = None
+    held_tokens: int = 0
     running: int = 0
     #: Prompt tokens of its requests still in prefill, by class.
     short_prefill: int = 0
@@ -44,8 +49,19 @@ class _Place:
 class _Waiting:
     arrival: Arrival
     short: bool
+    #: What it holds of a token-bounded batch, in the engine's tokens.
+    batch_tokens: int = 0
     placed: asyncio.Future[_Place] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def _fits(place: _Place, waiting: _Waiting) -> bool:
+    """Room in the place's batch tokens (one bigger than all of them goes alone)."""
+    return (
+        place.batch_tokens is None
+        or not place.running
+        or place.held_tokens + waiting.batch_tokens <= place.batch_tokens
     )
 
 
@@ -60,31 +76,34 @@ class IdealScheduler:
     def kick(self) -> None:
         """Place every waiting request that may start now."""
         while self.short:
-            place = self._for_short()
+            place = self._for_short(self.short[0])
             if place is None:
                 break
             self._start(self.short.popleft(), place)
         while self.long and not self.short:
-            place = self._for_long()
+            place = self._for_long(self.long[0])
             if place is None:
                 break
             self._start(self.long.popleft(), place)
 
-    def _for_short(self) -> _Place | None:
-        free = [p for p in self.places if p.running < p.slots]
+    def _for_short(self, waiting: _Waiting) -> _Place | None:
+        free = [p for p in self.places if p.running < p.slots and _fits(p, waiting)]
         # The engine that reaches this prompt soonest: the least prefill ahead of it.
         return min(free, key=lambda p: (p.long_prefill + p.short_prefill, p.running), default=None)
 
-    def _for_long(self) -> _Place | None:
+    def _for_long(self, waiting: _Waiting) -> _Place | None:
         free = [
             p
             for p in self.places
-            if p.running < (p.slots - 1 if p.slots > 1 else 1) and not p.in_prefill
+            if p.running < (p.slots - 1 if p.slots > 1 else 1)
+            and not p.in_prefill
+            and _fits(p, waiting)
         ]
         return min(free, key=lambda p: p.running, default=None)
 
     def _start(self, waiting: _Waiting, place: _Place) -> None:
         place.running += 1
+        place.held_tokens += waiting.batch_tokens
         if waiting.short:
             place.short_prefill += waiting.arrival.prompt_tokens
         else:
@@ -97,7 +116,10 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
     started = start_engines(len(engines), [m.config for m in engines])
     watch = TokenWatch(started)
     scheduler = IdealScheduler(
-        [_Place(engine, m.config.max_batch) for engine, m in zip(started, engines, strict=True)]
+        [
+            _Place(engine, m.config.max_batch, m.config.max_batch_tokens or None)
+            for engine, m in zip(started, engines, strict=True)
+        ]
     )
     by_engine = {id(p.engine): m for p, m in zip(scheduler.places, engines, strict=True)}
     run = Run()
@@ -105,7 +127,9 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
     async def one(_: int, arrival: Arrival, cls: str) -> None:
         result = Result(cls, asyncio.get_running_loop().time())
         run.results.append(result)
-        waiting = _Waiting(arrival, cls == short_class)
+        # (The engines of one run share a config: the cost is the same on any of them.)
+        prompt = engines[0].config.backend_tokens(arrival.prompt_tokens)
+        waiting = _Waiting(arrival, cls == short_class, prompt + arrival.max_tokens)
         (scheduler.short if waiting.short else scheduler.long).append(waiting)
         scheduler.kick()
         place = await waiting.placed
@@ -120,6 +144,7 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
         scheduler.kick()
         result.end = await end
         place.running -= 1
+        place.held_tokens -= waiting.batch_tokens
         scheduler.kick()
 
     await feed(arrivals, classes, one)

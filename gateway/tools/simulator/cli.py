@@ -20,6 +20,8 @@ from gateway.tools.simulator.server_logs import DEFAULT_INTERVAL_S, LOG_FORMATS,
 
 _CONFIG_HELP = {
     "max_batch": "most sequences running at once; the rest wait FIFO inside the engine",
+    "max_batch_tokens": "TGI's max_batch_total_tokens: the batch admits, first come first "
+    "served, while the prompts and max_tokens of all it runs fit (0: no such bound)",
     "prefill_tokens_per_step": "prompt tokens prefilled per step, FCFS across running sequences",
     "prefill": "chunked: a long prompt is prefilled over several steps beside the batch's "
     "decoding (vLLM, SGLang, llama.cpp); whole: a step prefills whole prompts up to the "

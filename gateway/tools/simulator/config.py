@@ -39,6 +39,11 @@ class SimulatorConfig:
 
     #: Most sequences in the batch at once (prefilling or decoding); the rest wait FIFO.
     max_batch: int = 8
+    #: TGI's `max_batch_total_tokens` (0: no such bound): a waiting sequence joins the
+    #: batch, first come first served, only while the prompt tokens and `max_tokens` of
+    #: all it runs fit in it (TGI's router reserves a request's whole output at
+    #: admission); told in `/info` when it poses as TGI.
+    max_batch_tokens: int = 0
     #: Prompt tokens prefilled per step, taken FCFS across the running sequences.
     prefill_tokens_per_step: int = 512
     #: "chunked": each step prefills up to `prefill_tokens_per_step` prompt tokens, a long
@@ -122,6 +127,8 @@ class SimulatorConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_batch_tokens < 0:
+            raise ValueError(f"max_batch_tokens must be >= 0, got {self.max_batch_tokens}")
         for name in ("step_base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "lora_swap_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -420,7 +420,13 @@ class Engine:
         adapters = self.adapters
         swap_ms = 0.0
         passed_over: list[Sequence] = []
+        token_room = self._batch_token_room()
         while self.waiting and len(self.running) < self.config.max_batch:
+            if token_room is not None:
+                need = _reserved_tokens(self.waiting[0])
+                if need > token_room and self.running:
+                    break  # first come first served: nobody overtakes the one that waits
+                token_room -= need
             seq = self.waiting.popleft()
             if adapters is not None:
                 running = [s.adapter for s in self.running]
@@ -439,6 +445,13 @@ class Engine:
                 (s.adapter for s in self.running), (s.adapter for s in self.waiting)
             )
         return swap_ms
+
+    def _batch_token_room(self) -> int | None:
+        """What is left of `max_batch_tokens` beside the running sequences (None: no bound)."""
+        budget = self.config.max_batch_tokens
+        if not budget:
+            return None
+        return budget - sum(_reserved_tokens(seq) for seq in self.running)
 
     def _look_up_prefix(self, seq: Sequence) -> None:
         """Pin the prompt's cached leading blocks and skip their prefill, as vLLM schedules.
@@ -527,3 +540,9 @@ class Engine:
                 self.request_times.decode.observe(times[2])
         else:
             self.aborted += 1
+
+
+def _reserved_tokens(seq: Sequence) -> int:
+    """What a sequence holds of a token-bounded batch: its prompt and its whole output
+    (TGI's router allocates both at admission)."""
+    return seq.prompt_tokens + seq.max_tokens

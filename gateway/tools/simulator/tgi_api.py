@@ -103,6 +103,12 @@ def _prefill(encoding: Any, inputs: str, truncate: int | None) -> list[dict[str,
 
 async def tgi_info(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
+    # Its batch's KV budget in tokens, as TGI tells it: the configured bound, else (posing
+    # as TGI, which always tells one) all of its sequences at full context, a bound that
+    # never binds before `max_batch`.
+    batch_tokens = config.max_batch_tokens or (
+        config.max_batch * config.max_model_len if config.pose_as == "tgi" else None
+    )
     return _json_response(
         {
             "model_id": config.model,
@@ -113,6 +119,7 @@ async def tgi_info(request: web.Request) -> web.Response:
             "max_stop_sequences": TGI_MAX_STOP_SEQUENCES,
             "max_input_tokens": config.max_model_len - 1,
             "max_total_tokens": config.max_model_len,
+            **({} if batch_tokens is None else {"max_batch_total_tokens": batch_tokens}),
             "validation_workers": TGI_VALIDATION_WORKERS,
             "max_client_batch_size": TGI_MAX_CLIENT_BATCH_SIZE,
             "router": TGI_ROUTER,

@@ -186,3 +186,25 @@ async def test_whole_prompt_engine_takes_a_prompt_over_its_budget_alone():
     assert big.state == "completed" and small.prefilled == 0  # nobody overtakes it
     await engine.step()
     assert small.state == "completed"
+
+
+async def test_a_token_bounded_batch_admits_first_come_first_served_while_it_fits():
+    """TGI's `max_batch_total_tokens`: each sequence holds its prompt and its whole
+    max_tokens from admission; the next in line waits, and nobody overtakes it."""
+    config = SimulatorConfig(
+        max_batch=16, max_batch_tokens=1000, step_base_ms=1, prefill_ms_per_token=0
+    )
+    engine = Engine(config)
+    first = engine.submit(300, 300)  # holds 600
+    big = engine.submit(300, 200)  # 500 more: over 1000
+    small = engine.submit(10, 10)  # would fit, but waits behind `big`
+    await engine.step()
+    assert first.state == "running" and big.state == small.state == "waiting"
+    engine.abort(first)
+    await engine.step()
+    assert big.state == small.state == "running"  # 520 of 1000
+
+    alone = Engine(config)
+    huge = alone.submit(900, 900)  # over all of it: it goes when nothing else runs
+    await alone.step()
+    assert huge.state == "running"

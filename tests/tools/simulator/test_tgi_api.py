@@ -208,6 +208,13 @@ async def test_info(start_sim: StartSim, session: aiohttp.ClientSession):
     assert info["model_id"] == "org/my-model"
     assert info["max_total_tokens"] == 4096
     assert info["max_input_tokens"] == 4095
+    # Its batch's KV tokens: the bound it was given (TGI's router reserves prompt +
+    # max_new_tokens in it), posing as TGI its sequences at full context, else unsaid.
+    assert "max_batch_total_tokens" not in info
+    bounded = await start_sim(max_batch_tokens=20_000)
+    assert (await get_json(session, f"{bounded}/info"))["max_batch_total_tokens"] == 20_000
+    posing = await start_sim(pose_as="tgi", max_model_len=4096)
+    assert (await get_json(session, f"{posing}/info"))["max_batch_total_tokens"] == 8 * 4096
     assert info["model_pipeline_tag"] == "text-generation"
     assert info["router"] == "text-generation-router"
     assert isinstance(info["version"], str)
