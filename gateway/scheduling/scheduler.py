@@ -50,6 +50,8 @@ from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
 HOLD_EWMA_ALPHA = 0.2
+#: ... and of the tokens one of its requests holds of a token-bounded batch.
+COST_EWMA_ALPHA = 0.1
 MAX_RETRY_AFTER_S = 60
 #: A request is refused at arrival when its predicted wait is over this share of its
 #: deadline: the prediction is a median, and a request admitted at the edge of its
@@ -103,13 +105,15 @@ class SlotSource(Protocol):
         hint: Any = None,
         waited_s: float | None = None,
         ahead: int = 0,
+        keep_batch_tokens: int = 0,
     ) -> Any | None:
         """A slot for a request of `lane` (not on the backend of slot `exclude`), None when
         there is none, or `Deferred` when this request should wait for a better one.
 
         `hint` is the request's routing hint, passed through untouched; `waited_s` how
         long it has waited in line (None: it may not wait, a retry), `ahead` how many
-        requests go before it (its lane's and the higher lanes')."""
+        requests go before it (its lane's and the higher lanes'); `keep_batch_tokens`
+        what an engine that bounds its batch by tokens keeps for the lanes above."""
 
     def has_free_slot(self, lane: str) -> bool:
         """Some backend of `lane` has a free slot now (with [redis], counting the slots the
@@ -206,6 +210,9 @@ class LaneState:
     #: (`headroom.headroom_slots`), as of its latest arrival or release.
     demand_slots: float = 0.0
     headroom: int = 0
+    #: Moving average of the tokens one request of this lane holds of an engine's batch
+    #: tokens (its prompt and output budget): what its headroom is worth there.
+    cost_ewma_tokens: float | None = None
 
     @property
     def name(self) -> str:
@@ -477,6 +484,12 @@ class Scheduler:
         settings = lane.settings
         now = self._now()
         lane.arrivals.add(now)
+        tokens = prompt_tokens + output_tokens
+        lane.cost_ewma_tokens = (
+            tokens
+            if lane.cost_ewma_tokens is None
+            else lane.cost_ewma_tokens + COST_EWMA_ALPHA * (tokens - lane.cost_ewma_tokens)
+        )
         self._note_demand(lane, now)
         deadline = self.deadline_for(name, client_deadline_s)
         cost = self.cost.of(prompt_tokens, output_tokens)
@@ -511,7 +524,12 @@ class Scheduler:
         ):
             # Nobody waits anywhere: what dispatching would do, without queueing a future.
             slot = self._source.try_take(
-                name, prompt_tokens, output_tokens, hint=hint, waited_s=0.0
+                name,
+                prompt_tokens,
+                output_tokens,
+                hint=hint,
+                waited_s=0.0,
+                keep_batch_tokens=self._kept_batch_tokens(lane, now),
             )
             if slot is not None and not isinstance(slot, Deferred):
                 charged = lane.queue.started(tenant, prompt_tokens, weight)
@@ -815,6 +833,21 @@ class Scheduler:
         floor = self._floor(lane, lane.higher)
         return min(lane.slot_limit, max(floor, lane.capacity - reserved))
 
+    def _kept_batch_tokens(self, lane: LaneState, now: float) -> int:
+        """What `lane` leaves of an engine's batch tokens (TGI's) for the active lanes above
+        it: their headroom, in their requests' tokens. Slots alone keep nothing on such an
+        engine (it reports 128 and holds far fewer), and a short request that finds its
+        tokens taken waits for a long answer to end."""
+        if not lane.higher or lane.capacity < 2:
+            return 0
+        return round(
+            sum(
+                other.headroom * (other.cost_ewma_tokens or 0.0)
+                for other in lane.higher
+                if not other.arrivals.quiet(now)
+            )
+        )
+
     def _headroom_changes_in(self, lane: LaneState, now: float) -> float:
         """Seconds until `lane`, held below its slot limit by headroom with a request
         waiting, should be looked at again without any release: when the lanes above go
@@ -870,6 +903,7 @@ class Scheduler:
         """
         retry_in: float | None = None
         higher = sum(len(other.queue) for other in lane.higher)
+        kept_tokens = self._kept_batch_tokens(lane, now)
         looked = 0  # requests looked at, but those waiting for their own full backends
         for index, waiter in enumerate(lane.queue.order(OWN_FULL_LOOKAHEAD)):
             if looked == LOOKAHEAD:
@@ -884,6 +918,7 @@ class Scheduler:
                 hint=waiter.hint,
                 waited_s=now - waiter.enqueued_at,
                 ahead=higher + index,
+                keep_batch_tokens=kept_tokens,
             )
             if slot is None:
                 break  # no slot for this lane at all

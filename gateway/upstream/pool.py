@@ -352,13 +352,13 @@ class Backend:
         own tokens and its whole output budget."""
         return round(prompt_tokens * self.model.token_ratio) + output_tokens
 
-    def fits_batch(self, prompt_tokens: int, output_tokens: int) -> bool:
-        """Room in the engine's batch tokens (a request bigger than all of them goes
-        alone, as the engine itself takes it)."""
+    def fits_batch(self, prompt_tokens: int, output_tokens: int, keep: int = 0) -> bool:
+        """Room in the engine's batch tokens, beside the `keep` of them left for higher
+        lanes (a request bigger than all of them goes alone, as the engine takes it)."""
         if self.batch_tokens is None or not self.in_flight:
             return True
         cost = self.batch_cost(prompt_tokens, output_tokens)
-        return self.batch_tokens_held + cost <= self.batch_tokens
+        return self.batch_tokens_held + cost + keep <= self.batch_tokens
 
     def can_prefill(self, prompt_tokens: int, kept: Kept = NOTHING_KEPT) -> bool:
         """Room in the prefill budget, less what is `kept` for requests waiting in line;
@@ -564,6 +564,7 @@ class BackendPool:
         hint: RouteHint | None = None,
         waited_s: float | None = None,
         ahead: int = 0,
+        keep_batch_tokens: int = 0,
     ) -> Slot | Deferred | None:
         """A slot on the best backend for this request; not on `exclude`'s backend.
 
@@ -575,7 +576,8 @@ class BackendPool:
         A request that has waited `waited_s` in line (behind `ahead` others) may instead
         be `Deferred` for a busy backend that would still give it a sooner first token
         after the wait for a slot there (its prompt cached there, or a faster engine):
-        see `_defer`.
+        see `_defer`. An engine that bounds its batch by tokens (TGI's) takes it only
+        with `keep_batch_tokens` of them left beside it for the lanes above.
         """
         now = self.clock()
         avoid = exclude.backend if exclude is not None else None
@@ -585,7 +587,7 @@ class BackendPool:
             if backend is not avoid
             and backend.free_slots > 0
             and backend.available(now)
-            and backend.fits_batch(prompt_tokens, output_tokens)
+            and backend.fits_batch(prompt_tokens, output_tokens, keep_batch_tokens)
         ]
         if not candidates:
             return None

@@ -32,6 +32,7 @@ class CountingSlots:
         hint: object = None,
         waited_s: float | None = None,
         ahead: int = 0,
+        keep_batch_tokens: int = 0,
     ) -> object | None:
         if self.free == 0:
             return None
@@ -568,6 +569,7 @@ class DeferringSlots(CountingSlots):
         hint: object = None,
         waited_s: float | None = None,
         ahead: int = 0,
+        keep_batch_tokens: int = 0,
     ) -> object | None:
         if self.free and hint == "home" and waited_s is not None and waited_s < 0.05:
             return Deferred(0.05 - waited_s)
@@ -780,6 +782,7 @@ class ModelSlots(CountingSlots):
         hint: object = None,
         waited_s: float | None = None,
         ahead: int = 0,
+        keep_batch_tokens: int = 0,
     ) -> object | None:
         if self.free and hint == "alpha":
             return Deferred(5.0, own_full=True)

@@ -177,6 +177,16 @@ def test_an_engine_that_tells_its_batch_tokens_gets_no_request_past_them() -> No
     both = BackendPool([tgi, other], clock=time.monotonic)
     elsewhere = both.try_take("x", 10, 10)
     assert elsewhere is not None and elsewhere.backend is other
+    both.give_back(elsewhere)
+    # A lower lane leaves what the lanes above keep of them (their headroom, in their
+    # requests' tokens): without it a short request would wait for a long answer's end.
+    pool.give_back(alone)
+    held = pool.try_take("x", 100, 100)
+    assert pool.try_take("bulk", 300, 300, keep_batch_tokens=300) is None  # 200+600+300
+    kept_room = pool.try_take("bulk", 300, 300, keep_batch_tokens=200)
+    assert kept_room is not None and tgi.batch_tokens_held == 800
+    for slot in (held, kept_room):
+        pool.give_back(slot)
 
 
 def test_token_ratio_is_the_largest_of_the_backends() -> None:

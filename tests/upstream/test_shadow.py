@@ -169,7 +169,12 @@ class FreeSlots:
     """A SlotSource with unlimited slots: no lane ever queues."""
 
     def try_take(
-        self, lane: str, prompt_tokens: int, output_tokens: int = 0, exclude: object = None
+        self,
+        lane: str,
+        prompt_tokens: int,
+        output_tokens: int = 0,
+        exclude: object = None,
+        **_: object,
     ) -> object:
         return object()
 
