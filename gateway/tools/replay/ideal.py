@@ -8,7 +8,8 @@ only on an engine where no prompt is in prefill (so at most one long prefill at 
 never beside a short one, which a whole-prompt engine would make wait for all of it);
 one slot of every engine of two or more kept for short requests; nobody sent past an
 engine's batch tokens (TGI's), where it would wait inside the engine; no deadline, no
-refusal, nothing learned. Requests no lane admits go as long ones (direct, they are sent anyway).
+refusal, nothing learned. Requests no lane admits go as long ones (direct, they are sent
+anyway).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gateway.tools.replay.answers import ModelledEngine
 from gateway.tools.replay.runs import Result, Run, TokenWatch, feed, start_engines
 from gateway.tools.replay.sources import Arrival
 from gateway.tools.replay.vclock import run_virtual
+from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.engine import Engine
 
 
@@ -30,6 +32,7 @@ class _Place:
     """One engine and what the ideal scheduler has running on it."""
 
     engine: Engine
+    config: SimulatorConfig
     slots: int
     #: Its batch's token bound (prompt and max_tokens reserved at admission, TGI's
     #: `max_batch_total_tokens`); None: none. Past it a request would wait inside it.
@@ -49,11 +52,18 @@ class _Place:
 class _Waiting:
     arrival: Arrival
     short: bool
-    #: What it holds of a token-bounded batch, in the engine's tokens.
-    batch_tokens: int = 0
+    #: What it holds of its engine's token-bounded batch, once placed.
+    held_tokens: int = 0
     placed: asyncio.Future[_Place] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+
+def _cost(place: _Place, waiting: _Waiting) -> int:
+    """What a request holds of the place's batch tokens: its prompt in the engine's own
+    tokens and its whole output."""
+    arrival = waiting.arrival
+    return place.config.backend_tokens(arrival.prompt_tokens) + arrival.max_tokens
 
 
 def _fits(place: _Place, waiting: _Waiting) -> bool:
@@ -61,7 +71,7 @@ def _fits(place: _Place, waiting: _Waiting) -> bool:
     return (
         place.batch_tokens is None
         or not place.running
-        or place.held_tokens + waiting.batch_tokens <= place.batch_tokens
+        or place.held_tokens + _cost(place, waiting) <= place.batch_tokens
     )
 
 
@@ -103,7 +113,9 @@ class IdealScheduler:
 
     def _start(self, waiting: _Waiting, place: _Place) -> None:
         place.running += 1
-        place.held_tokens += waiting.batch_tokens
+        if place.batch_tokens is not None:
+            waiting.held_tokens = _cost(place, waiting)
+            place.held_tokens += waiting.held_tokens
         if waiting.short:
             place.short_prefill += waiting.arrival.prompt_tokens
         else:
@@ -117,7 +129,7 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
     watch = TokenWatch(started)
     scheduler = IdealScheduler(
         [
-            _Place(engine, m.config.max_batch, m.config.max_batch_tokens or None)
+            _Place(engine, m.config, m.config.max_batch, m.config.max_batch_tokens or None)
             for engine, m in zip(started, engines, strict=True)
         ]
     )
@@ -127,9 +139,7 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
     async def one(_: int, arrival: Arrival, cls: str) -> None:
         result = Result(cls, asyncio.get_running_loop().time())
         run.results.append(result)
-        # (The engines of one run share a config: the cost is the same on any of them.)
-        prompt = engines[0].config.backend_tokens(arrival.prompt_tokens)
-        waiting = _Waiting(arrival, cls == short_class, prompt + arrival.max_tokens)
+        waiting = _Waiting(arrival, cls == short_class)
         (scheduler.short if waiting.short else scheduler.long).append(waiting)
         scheduler.kick()
         place = await waiting.placed
@@ -144,7 +154,7 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
         scheduler.kick()
         result.end = await end
         place.running -= 1
-        place.held_tokens -= waiting.batch_tokens
+        place.held_tokens -= waiting.held_tokens
         scheduler.kick()
 
     await feed(arrivals, classes, one)
