@@ -837,8 +837,9 @@ class Scheduler:
         """What `lane` leaves of an engine's batch tokens (TGI's) for the active lanes above
         it: their headroom, in their requests' tokens. Slots alone keep nothing on such an
         engine (it reports 128 and holds far fewer), and a short request that finds its
-        tokens taken waits for a long answer to end."""
-        if not lane.higher or lane.capacity < 2:
+        tokens taken waits for a long answer to end. A starved lane (promoted) keeps
+        nothing back: long requests are never starved."""
+        if not lane.higher or lane.capacity < 2 or self._promoted(lane, now):
             return 0
         return round(
             sum(

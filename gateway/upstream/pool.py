@@ -116,6 +116,9 @@ MIN_AUTO_PREFILL_BUDGET_TOKENS = 512
 #: held every short request behind every long prefill; with no bound on the small ones
 #: together, an overloaded H100 prefilled a queue of them at once, 3x slower.)
 RIDE_ALONG = 0.25
+#: The most of an engine's batch tokens that lower lanes leave for the lanes above (the
+#: rest is theirs whatever the headroom says: a long request fits beside the kept room).
+MAX_KEPT_BATCH_SHARE = 0.25
 
 
 @dataclass(slots=True, frozen=True)
@@ -354,10 +357,12 @@ class Backend:
 
     def fits_batch(self, prompt_tokens: int, output_tokens: int, keep: int = 0) -> bool:
         """Room in the engine's batch tokens, beside the `keep` of them left for higher
-        lanes (a request bigger than all of them goes alone, as the engine takes it)."""
+        lanes, at most `MAX_KEPT_BATCH_SHARE` of them (a request bigger than all of them
+        goes alone, as the engine takes it)."""
         if self.batch_tokens is None or not self.in_flight:
             return True
         cost = self.batch_cost(prompt_tokens, output_tokens)
+        keep = min(keep, int(self.batch_tokens * MAX_KEPT_BATCH_SHARE))
         return self.batch_tokens_held + cost + keep <= self.batch_tokens
 
     def can_prefill(self, prompt_tokens: int, kept: Kept = NOTHING_KEPT) -> bool:

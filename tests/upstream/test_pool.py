@@ -187,6 +187,12 @@ def test_an_engine_that_tells_its_batch_tokens_gets_no_request_past_them() -> No
     assert kept_room is not None and tgi.batch_tokens_held == 800
     for slot in (held, kept_room):
         pool.give_back(slot)
+    # ... never more than a quarter of them, whatever the headroom says.
+    held = pool.try_take("x", 100, 100)
+    capped = pool.try_take("bulk", 300, 250, keep_batch_tokens=900)  # 200+550+250 of 1000
+    assert capped is not None
+    for slot in (held, capped):
+        pool.give_back(slot)
 
 
 def test_token_ratio_is_the_largest_of_the_backends() -> None:
