@@ -839,15 +839,14 @@ class Scheduler:
         engine (it reports 128 and holds far fewer), and a short request that finds its
         tokens taken waits for a long answer to end. A starved lane (promoted) keeps
         nothing back: long requests are never starved."""
-        if not lane.higher or lane.capacity < 2 or self._promoted(lane, now):
+        if not lane.higher or lane.capacity < 2:
             return 0
-        return round(
-            sum(
-                other.headroom * (other.cost_ewma_tokens or 0.0)
-                for other in lane.higher
-                if not other.arrivals.quiet(now)
-            )
+        kept = sum(
+            other.headroom * (other.cost_ewma_tokens or 0.0)
+            for other in lane.higher
+            if other.headroom and not other.arrivals.quiet(now)
         )
+        return 0 if not kept or self._promoted(lane, now) else round(kept)
 
     def _headroom_changes_in(self, lane: LaneState, now: float) -> float:
         """Seconds until `lane`, held below its slot limit by headroom with a request

@@ -66,7 +66,7 @@ class ModelledEngine:
                 slots=TGI_MAX_CONCURRENT_REQUESTS,
                 context_tokens=config.max_model_len,
                 max_input_tokens=config.max_model_len - 1,
-                batch_tokens=config.max_batch_tokens or config.max_batch * config.max_model_len,
+                batch_tokens=config.tgi_batch_tokens,
                 model=config.model,
             )
         return BackendFacts(

@@ -106,6 +106,13 @@ class SimulatorConfig:
     pose_as: str = "simulator"
 
     @property
+    def tgi_batch_tokens(self) -> int:
+        """The `max_batch_total_tokens` it tells as TGI (which always tells one): the
+        configured bound, else all of its sequences at full context, a bound that never
+        binds before `max_batch`."""
+        return self.max_batch_tokens or self.max_batch * self.max_model_len
+
+    @property
     def strict(self) -> bool:
         """A `model` it does not serve is a 404 (`strict_model`, or posing as vLLM)."""
         return self.strict_model or self.pose_as == "vllm"

@@ -103,12 +103,9 @@ def _prefill(encoding: Any, inputs: str, truncate: int | None) -> list[dict[str,
 
 async def tgi_info(request: web.Request) -> web.Response:
     config = request.app[CONFIG_KEY]
-    # Its batch's KV budget in tokens, as TGI tells it: the configured bound, else (posing
-    # as TGI, which always tells one) all of its sequences at full context, a bound that
-    # never binds before `max_batch`.
-    batch_tokens = config.max_batch_tokens or (
-        config.max_batch * config.max_model_len if config.pose_as == "tgi" else None
-    )
+    # Its batch's KV budget in tokens: told when bounded, or when posing as TGI.
+    told = bool(config.max_batch_tokens) or config.pose_as == "tgi"
+    batch_tokens = config.tgi_batch_tokens if told else None
     return _json_response(
         {
             "model_id": config.model,
