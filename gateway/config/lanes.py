@@ -24,8 +24,8 @@ class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     queue_timeout_s: PositiveFloat = 30.0
     #: A request arriving at a queue this deep gets 429 queue_full at once.
     max_queue_depth: NonNegative = 256
-    #: A request queued longer than this is served before higher lanes (no starvation)
-    #: while its lane holds fewer than `promoted_slots` slots.
+    #: A request queued longer than this is served before the higher lanes' requests
+    #: that came since (no starvation) while its lane holds fewer than `promoted_slots`.
     promote_after_s: PositiveFloat | None = None
     #: How many slots promotion guarantees an aged lane. A lane that already runs this
     #: many is progressing, not starving, and higher lanes keep their priority.

@@ -134,6 +134,33 @@ async def test_a_request_waiting_past_promote_after_goes_first() -> None:
     scheduler.release(grant)
 
 
+async def test_a_promoted_request_goes_after_those_already_waiting_when_it_was_starved() -> None:
+    """Promotion puts a starved request in line as of the moment it was starved: short
+    requests already waiting then go first, those that come later wait behind it. On an
+    engine whose long prefill freezes every decode beside it, going before the waiting
+    ones too froze them all and left the short ones that came during the prefill no
+    slot (a CPU engine at 150%: short P99 1.8x the floor, 1.3x in line)."""
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"promote_after_s": 0.05}, clock=clock)
+    held = await scheduler.acquire("interactive")
+    bulk = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    clock.advance(0.03)
+    before = asyncio.create_task(scheduler.acquire("interactive"))  # waiting at 0.03
+    await settle()
+    clock.advance(0.07)  # bulk starved since 0.05
+    after = asyncio.create_task(scheduler.acquire("interactive"))  # came at 0.1
+    await settle()
+    scheduler.release(held)
+    await settle()
+    assert before.done() and not bulk.done() and not after.done()
+    scheduler.release(before.result())
+    await settle()
+    assert bulk.done() and not after.done()
+    scheduler.release(bulk.result())
+    scheduler.release(await asyncio.wait_for(after, 1))
+
+
 async def test_a_lane_that_got_a_slot_lately_is_progressing_not_promoted() -> None:
     """On one slot, a long request that waited past promote_after_s while another long one
     got the slot is not starved: it waits its turn behind short requests (each promotion
@@ -618,18 +645,24 @@ async def test_on_one_slot_a_short_goes_before_queued_longs() -> None:
 
 
 async def test_on_one_slot_promotion_still_keeps_the_lower_lane_from_starving() -> None:
+    """Short requests keep coming: the starved long one goes after those that were
+    waiting when it was starved, before all that came later."""
     clock = Clock()
     scheduler, _ = make(1, bulk={"min_slots": 1, "promote_after_s": 1.0}, clock=clock)
     held = await scheduler.acquire("interactive")
     long = asyncio.create_task(scheduler.acquire("bulk"))
-    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
+    shorts = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(2)]
     await settle()
     clock.advance(2.0)  # the long waited past promote_after_s
-    scheduler.release(held)
+    later = [asyncio.create_task(scheduler.acquire("interactive")) for _ in range(3)]
     await settle()
-    assert long.done() and not any(task.done() for task in shorts)
-    scheduler.release(long.result())
+    scheduler.release(held)
     for task in shorts:
+        scheduler.release(await asyncio.wait_for(task, 1))
+    await settle()
+    assert long.done() and not any(task.done() for task in later)
+    scheduler.release(long.result())
+    for task in later:
         scheduler.release(await asyncio.wait_for(task, 1))
 
 

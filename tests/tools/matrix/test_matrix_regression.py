@@ -1,6 +1,6 @@
 """The engine matrix's CI subset: no release gets slower on an engine nobody looked at.
 
-Nine cells of `gateway matrix` (an engine of each kind of prefill and speed, the loads
+Ten cells of `gateway matrix` (an engine of each kind of prefill and speed, the loads
 where the promises bite), replayed in virtual time on the gateway's built-in defaults:
 deterministic, so a figure moves only when the code does. Each cell's short-request P99
 (as a multiple of its engine floor) and refused share are held to the figures recorded
@@ -47,6 +47,9 @@ CELLS = (
     # floor and a promotion timed from its last grant held shorts behind one long prefill
     # after another (1.5x the floor).
     Cell("llamacpp-cpu", "chat-long-replies", 1.2),
+    # One slot in overload: a starved long request goes after the short ones already
+    # waiting when it was starved, not before them (they were frozen behind its prefill).
+    Cell("llamacpp-one-slot", "chat-long-replies", 1.2),
 )
 
 
