@@ -27,12 +27,18 @@ LOADS = (0.5, 0.8, 1.0, 1.2)
 QUICK_ENGINES = ("vllm-chunked", "tgi-a10g", "llamacpp-slow-cpu", "simulator")
 
 
+#: Five schedules a cell. A P99 over a cell's few hundred short requests moves by several
+#: percent from one set of seeds to another: with three, four cells read 1.10-1.12x the
+#: ideal scheduler, and on seeds 4-6, 1-5 or 1-9 the same cells read 0.99-1.10x.
+SEEDS = "1,2,3,4,5"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", help=f"comma-separated (default: all of {', '.join(BY_NAME)})")
     parser.add_argument("--mixes", help=f"comma-separated (default: all of {', '.join(MIXES)})")
     parser.add_argument("--loads", help="comma-separated multiples of capacity (default: "
                         + ",".join(f"{load:g}" for load in LOADS) + ")")  # fmt: skip
-    parser.add_argument("--seeds", default="1,2,3", help="comma-separated schedule seeds (1,2,3)")
+    parser.add_argument("--seeds", default=SEEDS, help=f"comma-separated schedule seeds ({SEEDS})")
     parser.add_argument("--requests", type=int, default=600,
                         help="requests per schedule (600)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
