@@ -879,13 +879,13 @@ class Scheduler:
     def _promoted(lane: LaneState, now: float) -> bool:
         """Its oldest request waited past `promote_after_s`, and for that long the lane
         has neither got a slot nor held its `promoted_slots`: it is starved, so it goes
-        before the higher lanes' requests that came since (`_waited_before`). A lane that got a slot meanwhile, or whose requests were
-        running, is progressing: its requests wait their turn (on one slot, each
-        promotion would hold every short request behind a whole long answer, though the
-        long ones were not starved; on a CPU engine, a long request's prefill and answer
-        outlast the promotion age, and timed from its grant the next long one was
-        promoted the moment it ended, every short request's decode frozen again for the
-        next long prefill)."""
+        before the higher lanes' requests that came since (`_waited_before`). A lane
+        that got a slot meanwhile, or whose requests were running, is progressing: its
+        requests wait their turn (on one slot, each promotion would hold every short
+        request behind a whole long answer, though the long ones were not starved; on a
+        CPU engine, a long request's prefill and answer outlast the promotion age, and
+        timed from its grant the next long one was promoted the moment it ended, every
+        short request's decode frozen again for the next long prefill)."""
         return Scheduler._promoted_at(lane, now) is not None
 
     @staticmethod
@@ -901,7 +901,8 @@ class Scheduler:
 
     @staticmethod
     def _waited_before(lanes: Sequence[LaneState], moment: float, ready: list[LaneState]) -> bool:
-        """One of `lanes` that may take a slot now has a request waiting since `moment`.
+        """One of `lanes` that may take a slot now has a request waiting from before
+        `moment`.
 
         A starved lane goes first only once those are served: it takes its place in line
         as of the moment it was starved. Going before them too, on an engine whose long
@@ -909,8 +910,7 @@ class Scheduler:
         it passed, and left no slot for those that came during the prefill (a 4-slot CPU
         engine at 150%: short P99 1.8x the floor, 1.3x in line)."""
         return any(
-            lane in ready and (lane.queue.oldest_enqueued_at() or moment) < moment
-            for lane in lanes
+            lane in ready and (lane.queue.oldest_enqueued_at() or moment) < moment for lane in lanes
         )
 
     def _first_served(self, lane: LaneState, now: float) -> tuple[_Waiter | None, Any]:
