@@ -23,7 +23,13 @@ import pytest
 
 from gateway.config import Settings
 from gateway.tools.analyze.engine import backend_slots
-from gateway.tools.matrix.cells import CAPACITY_REQUESTS, Cell, gateway_settings, short_class
+from gateway.tools.matrix.cells import (
+    CAPACITY_REQUESTS,
+    CAPACITY_SEED,
+    Cell,
+    gateway_settings,
+    short_class,
+)
 from gateway.tools.matrix.engines import BY_NAME, EngineProfile
 from gateway.tools.matrix.physics import capacity_rps
 from gateway.tools.matrix.traffic import Scale, arrivals, sizes
@@ -52,7 +58,9 @@ def replayed(
     engine instead of the cell's when given), in virtual time."""
     profile = profile or cell.profile
     scale = Scale(profile.prompt_scale, profile.output_scale)
-    capacity = capacity_rps([profile.engine], sizes(cell.mix, CAPACITY_REQUESTS, 10_001, scale))
+    capacity = capacity_rps(
+        [profile.engine], sizes(cell.mix, CAPACITY_REQUESTS, CAPACITY_SEED, scale)
+    )
     schedule = arrivals(cell.mix, cell.load * capacity, REQUESTS, seed, scale)
     log = io.StringIO()
     classes = [classify(arrival, settings) for arrival in schedule]
