@@ -33,15 +33,21 @@ class _Place:
 
     engine: Engine
     config: SimulatorConfig
-    slots: int
-    #: Its batch's token bound (prompt and max_tokens reserved at admission, TGI's
-    #: `max_batch_total_tokens`); None: none. Past it a request would wait inside it.
-    batch_tokens: int | None = None
     held_tokens: int = 0
     running: int = 0
     #: Prompt tokens of its requests still in prefill, by class.
     short_prefill: int = 0
     long_prefill: int = 0
+
+    @property
+    def slots(self) -> int:
+        return self.config.max_batch
+
+    @property
+    def batch_tokens(self) -> int | None:
+        """Its batch's token bound (prompt and max_tokens reserved at admission, TGI's
+        `max_batch_total_tokens`); None: none. Past it a request would wait inside it."""
+        return self.config.max_batch_tokens or None
 
     @property
     def in_prefill(self) -> bool:
@@ -128,10 +134,7 @@ async def _ideal(arrivals: Sequence[Arrival], classes: Sequence[str], short_clas
     started = start_engines(len(engines), [m.config for m in engines])
     watch = TokenWatch(started)
     scheduler = IdealScheduler(
-        [
-            _Place(engine, m.config, m.config.max_batch, m.config.max_batch_tokens or None)
-            for engine, m in zip(started, engines, strict=True)
-        ]
+        [_Place(engine, m.config) for engine, m in zip(started, engines, strict=True)]
     )
     by_engine = {id(p.engine): m for p, m in zip(scheduler.places, engines, strict=True)}
     run = Run()
