@@ -25,7 +25,7 @@ from gateway.fleet.store import SharedStore
 from gateway.http import admin, cors, openai, openapi, ops, playground, tgi
 from gateway.http.middleware import error_envelope
 from gateway.http.proxy import shutting_down
-from gateway.observability.logs import RequestLog, make_logger
+from gateway.observability.logs import HANDOFF_S, RequestLog, make_logger
 from gateway.observability.loop_lag import LoopLagMonitor
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.model_metrics import ModelMetrics
@@ -52,6 +52,9 @@ from gateway.upstream.sizing import BackendSizer
 #: first requests met the priors' deadlines (a short one timed out at 5 s behind a
 #: 15-s prefill the gateway did not know of yet).
 WARM_UP_READY_S = 60.0
+#: How long a finished request's log line and metrics may wait for the others ending
+#: meanwhile (`GatewayState.finish`): the log's own hand-off to its writer thread.
+FINISH_AFTER_S = HANDOFF_S
 
 
 def build_app(
@@ -85,8 +88,10 @@ def build_app(
         pool=pool,
         scheduler=scheduler,
         metrics=metrics,
-        # On stdout the lines are written by a thread (a stalled pipe never blocks the loop).
+        # On stdout the lines are written by a thread (a stalled pipe never blocks the loop),
+        # and a finished request's bookkeeping waits for the requests arriving meanwhile.
         request_log=RequestLog(log_stream, background=log_stream is None),
+        finish_after_s=FINISH_AFTER_S if log_stream is None else 0.0,
         upstream=UpstreamClient(settings.timeouts),
         events=events,
         health=default.health,
@@ -319,6 +324,7 @@ async def _upstream_lifecycle(app: web.Application) -> AsyncIterator[None]:
         await each.health.stop()
     await state.upstream.close()
     state.counter.close()
+    state.write_finished()
     state.request_log.close()
 
 

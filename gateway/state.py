@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,11 @@ class GatewayState:
     #: Reloads the config and follows the DNS names' records (`reload.py`); None: the
     #: backends are what the app was built with.
     reloader: Any = None
+    #: How long a finished request's log line, metrics and spans may wait, to be written
+    #: with the others that end meanwhile (`finish`); 0: at once (tests, replays).
+    finish_after_s: float = 0.0
+    _finished: list[RequestRecord] = field(default_factory=list)
+    _finish_timer: asyncio.TimerHandle | None = None
 
     @property
     def limits(self) -> LimitsSettings:
@@ -100,7 +106,41 @@ class GatewayState:
         return sum(b.in_flight for each in self.pools.pools for b in each.pool.backends)
 
     def finish(self, record: RequestRecord) -> None:
-        """Every request ends here exactly once: its log line and its metrics."""
+        """Every request ends here exactly once: its log line and its metrics, written
+        within `finish_after_s`.
+
+        Nobody waits for them, while the next requests wait for the loop: a burst of
+        arrivals (64 clients at once, a UI reconnecting) comes just as the answers before
+        it end, and their bookkeeping (a log line, a dozen metric samples each) would go
+        before the burst's first bytes. Held for a moment, it goes in one batch after
+        them. A scrape of /metrics and the shutdown write what is held first
+        (`write_finished`); each line carries its request's end, not its writing.
+        """
+        if self.finish_after_s <= 0:
+            self._write(record)
+            return
+        self._finished.append(record)
+        if self._finish_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # outside the loop (shutdown): nothing to wait for
+                self.write_finished()
+                return
+            self._finish_timer = loop.call_later(self.finish_after_s, self.write_finished)
+
+    def write_finished(self) -> None:
+        """Write what `finish` holds: the log lines, metrics and spans of ended requests."""
+        if self._finish_timer is not None:
+            self._finish_timer.cancel()
+            self._finish_timer = None
+        finished, self._finished = self._finished, []
+        for record in finished:
+            try:
+                self._write(record)
+            except Exception:  # a bug in one record's bookkeeping loses only that one
+                self.events.exception("request_bookkeeping_failed", request_id=record.request_id)
+
+    def _write(self, record: RequestRecord) -> None:
         self.request_log.request(record)
         self.metrics.observe(record)
         self.tenant_metrics.observe(record)

@@ -50,6 +50,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[GATEWAY]
+    state.write_finished()  # the requests that just ended count in this scrape
     return web.Response(
         body=generate_latest(state.metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},
