@@ -33,6 +33,11 @@ from gateway.upstream.shadow import ShadowMirror
 from gateway.upstream.sizing import BackendSizer
 from gateway.upstream.stall import StallRule
 
+#: Finished requests written in one turn of the loop (`GatewayState.finish`), about
+#: 0.1 ms: a request in flight meets a slice at each of its turns (with 8 a turn, one
+#: request in a hundred at concurrency 1 was 0.5 ms later; with 2, 0.2 ms).
+FINISH_SLICE = 2
+
 
 @dataclass(slots=True)
 class GatewayState:
@@ -88,7 +93,7 @@ class GatewayState:
     #: with the others that end meanwhile (`finish`); 0: at once (tests, replays).
     finish_after_s: float = 0.0
     _finished: list[RequestRecord] = field(default_factory=list)
-    _finish_timer: asyncio.TimerHandle | None = None
+    _finish_timer: asyncio.Handle | None = None
 
     @property
     def limits(self) -> LimitsSettings:
@@ -126,14 +131,27 @@ class GatewayState:
             except RuntimeError:  # outside the loop (shutdown): nothing to wait for
                 self.write_finished()
                 return
-            self._finish_timer = loop.call_later(self.finish_after_s, self.write_finished)
+            self._finish_timer = loop.call_later(self.finish_after_s, self._write_a_slice)
 
     def write_finished(self) -> None:
-        """Write what `finish` holds: the log lines, metrics and spans of ended requests."""
+        """Write all that `finish` holds now (a scrape, the shutdown)."""
         if self._finish_timer is not None:
             self._finish_timer.cancel()
             self._finish_timer = None
         finished, self._finished = self._finished, []
+        self._write_all(finished)
+
+    def _write_a_slice(self) -> None:
+        """`FINISH_SLICE` of what `finish` holds, and the rest in the next turns of the loop:
+        a request arriving meanwhile waits for one slice, not for the whole batch."""
+        finished = self._finished
+        self._write_all(finished[:FINISH_SLICE])
+        del finished[:FINISH_SLICE]
+        self._finish_timer = (
+            asyncio.get_running_loop().call_soon(self._write_a_slice) if finished else None
+        )
+
+    def _write_all(self, finished: list[RequestRecord]) -> None:
         for record in finished:
             try:
                 self._write(record)
