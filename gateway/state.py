@@ -35,7 +35,7 @@ from gateway.upstream.stall import StallRule
 
 #: Finished requests written in one turn of the loop (`GatewayState.finish`), about
 #: 0.1 ms: a request in flight meets a slice at each of its turns (with 8 a turn, one
-#: request in a hundred at concurrency 1 was 0.5 ms later; with 2, 0.2 ms).
+#: request in a hundred at concurrency 1 was 0.5 ms later; with 2, 0.15-0.3 ms).
 FINISH_SLICE = 2
 
 

@@ -90,7 +90,7 @@ def headroom_slots(load: float, most: int, wait_probability: float = WAIT_PROBAB
     return _slots_needed_in_steps(_LINEAR_STEPS + powers, most, wait_probability)
 
 
-def rounded_load(steps: int) -> float:
+def _rounded_load(steps: int) -> float:
     """The load that `headroom_slots` looks up for its cache key `steps`."""
     if steps <= _LINEAR_STEPS:
         return steps * LOAD_STEP
@@ -99,7 +99,7 @@ def rounded_load(steps: int) -> float:
 
 @functools.lru_cache(maxsize=4096)
 def _slots_needed_in_steps(steps: int, most: int, wait_probability: float) -> int:
-    return slots_needed(rounded_load(steps), most, wait_probability)
+    return slots_needed(_rounded_load(steps), most, wait_probability)
 
 
 class ArrivalRate:
