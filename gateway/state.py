@@ -140,6 +140,7 @@ class GatewayState:
             self._finish_timer = None
         finished, self._finished = self._finished, []
         self._write_all(finished)
+        self.request_log.hand_off()
 
     def _write_a_slice(self) -> None:
         """`FINISH_SLICE` of what `finish` holds, and the rest in the next turns of the loop:
@@ -147,9 +148,11 @@ class GatewayState:
         finished = self._finished
         self._write_all(finished[:FINISH_SLICE])
         del finished[:FINISH_SLICE]
-        self._finish_timer = (
-            asyncio.get_running_loop().call_soon(self._write_a_slice) if finished else None
-        )
+        if finished:
+            self._finish_timer = asyncio.get_running_loop().call_soon(self._write_a_slice)
+        else:  # the batch is written: its lines need not wait for the log's own timer
+            self._finish_timer = None
+            self.request_log.hand_off()
 
     def _write_all(self, finished: list[RequestRecord]) -> None:
         for record in finished:

@@ -119,16 +119,17 @@ class RequestLog:
         self._held.append(text)
         self._held_chars += len(text)
         if self._held_chars >= HANDOFF_CHARS:
-            self._hand_off()
+            self.hand_off()
         elif self._handoff is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # outside the loop (shutdown): no timer to wait for
-                self._hand_off()
+                self.hand_off()
                 return
-            self._handoff = loop.call_later(HANDOFF_S, self._hand_off)
+            self._handoff = loop.call_later(HANDOFF_S, self.hand_off)
 
-    def _hand_off(self) -> None:
+    def hand_off(self) -> None:
+        """Give the writer thread the lines held now (a batch of them is complete)."""
         if self._handoff is not None:
             self._handoff.cancel()
             self._handoff = None
@@ -155,7 +156,7 @@ class RequestLog:
 
     def close(self) -> None:
         """Write what is queued, then stop the writer (at shutdown)."""
-        self._hand_off()
+        self.hand_off()
         if self._lines is not None and self._writer is not None:
             self._lines.put(None)
             self._writer.join(timeout=5)
