@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,8 +15,7 @@ import aiohttp
 
 from tests.conftest import StartSimulator, chat, free_port, wait_ready
 from tests.helpers import eventually
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.integration.test_shutdown import served_gateway
 
 
 def request_lines(log: Path) -> list[dict[str, Any]]:
@@ -34,16 +31,7 @@ async def test_a_scrape_counts_what_just_ended_and_lines_carry_their_end(
     config = tmp_path / "gateway.toml"
     config.write_text(f'[[backends]]\nurl = "{sim}"\nmax_concurrency = 8\n')
     log = tmp_path / "requests.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
-    with log.open("w") as out:
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "gateway", "serve", "--config", str(config)),
-            *("--port", str(port)),
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+    process = await served_gateway(config, port, log)
     url = f"http://127.0.0.1:{port}"
     try:
         await wait_ready(http, url)

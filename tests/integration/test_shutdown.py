@@ -91,7 +91,8 @@ def replica_config(path: Path, backend: str, redis_url: str, drain_s: float) -> 
     return path
 
 
-async def replica(config: Path, port: int, log: Path) -> asyncio.subprocess.Process:
+async def served_gateway(config: Path, port: int, log: Path) -> asyncio.subprocess.Process:
+    """`python -m gateway serve` as a process, its request log (stdout) written to `log`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GATEWAY_")}
     with log.open("w") as out:
         return await asyncio.create_subprocess_exec(
@@ -119,7 +120,7 @@ async def test_sigterm_of_a_replica_with_redis_cuts_at_the_deadline_and_frees_it
     ports = free_port(), free_port()
     a_url, b_url = (f"http://127.0.0.1:{port}" for port in ports)
     processes = [
-        await replica(
+        await served_gateway(
             replica_config(tmp_path / f"{name}.toml", backend, redis_server.url, drain_s),
             port,
             tmp_path / f"{name}.log",
