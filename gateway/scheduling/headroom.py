@@ -67,39 +67,27 @@ def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABIL
     return most
 
 
-#: A lane's demand is rounded up for `headroom_slots`' cache: it changes at every arrival
-#: and release, and each exact answer is a pass over the slots. Up to `LINEAR_UP_TO`
-#: Erlangs it is rounded up to a multiple of `LOAD_STEP`; above, to the next power of
-#: `1 + LOAD_STEP` (about 1.6% of it), so the cache keeps few loads even where a burst
-#: sends the measured demand through hundreds of Erlangs (a miss there is a pass over
-#: hundreds of slots: 50-100 µs on the request's path). Rounded up, the answer is never
-#: fewer slots than the exact one.
+#: A lane's demand is rounded up to this fraction of an Erlang for `headroom_slots`'
+#: cache: it changes at every arrival and release, and each exact answer is a pass over
+#: the slots (rounded up, the answer is never fewer slots than the exact one).
 LOAD_STEP = 1 / 64
-LINEAR_UP_TO = 16.0
-_LOG_RATIO = math.log1p(LOAD_STEP)
-_LINEAR_STEPS = math.ceil(LINEAR_UP_TO / LOAD_STEP)
 
 
 def headroom_slots(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
-    """`slots_needed` for `load` rounded up (`LOAD_STEP`), from a cache."""
+    """`slots_needed` for `load` rounded up to `LOAD_STEP`, from a cache.
+
+    A load over every slot needs them all, at once and outside the cache: a burst of
+    arrivals (32 in 2 ms) measures thousands of Erlangs, each a new key, which cost a
+    pass over every slot (2048 on a big engine) on every arrival and release, and
+    pushed the lane's usual loads out of the cache."""
     if load >= most:
-        return 0 if load <= 0 or most <= 0 or wait_probability >= 1 else most
-    if load <= LINEAR_UP_TO:
-        return _slots_needed_in_steps(math.ceil(load / LOAD_STEP), most, wait_probability)
-    powers = math.ceil(math.log(load / LINEAR_UP_TO) / _LOG_RATIO)
-    return _slots_needed_in_steps(_LINEAR_STEPS + powers, most, wait_probability)
-
-
-def _rounded_load(steps: int) -> float:
-    """The load that `headroom_slots` looks up for its cache key `steps`."""
-    if steps <= _LINEAR_STEPS:
-        return steps * LOAD_STEP
-    return LINEAR_UP_TO * math.exp((steps - _LINEAR_STEPS) * _LOG_RATIO)
+        return 0 if most <= 0 or wait_probability >= 1 else most
+    return _slots_needed_in_steps(math.ceil(load / LOAD_STEP), most, wait_probability)
 
 
 @functools.lru_cache(maxsize=4096)
 def _slots_needed_in_steps(steps: int, most: int, wait_probability: float) -> int:
-    return slots_needed(_rounded_load(steps), most, wait_probability)
+    return slots_needed(steps * LOAD_STEP, most, wait_probability)
 
 
 class ArrivalRate:

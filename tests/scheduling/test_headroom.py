@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from gateway.scheduling.headroom import (
-    LINEAR_UP_TO,
     LOAD_STEP,
     QUIET_S,
     ArrivalRate,
@@ -36,26 +35,24 @@ def test_slots_needed_grows_with_the_load_and_is_capped() -> None:
 
 
 def test_headroom_slots_from_the_cache_are_never_fewer_than_the_exact_answer() -> None:
-    for step in range(0, int(LINEAR_UP_TO / LOAD_STEP) + 1, 7):  # up to 16 Erlangs
+    for step in range(0, 64 * 40, 7):
         load = step * LOAD_STEP + 0.3 * LOAD_STEP  # between two steps
         exact = slots_needed(load, 64)
         assert exact <= headroom_slots(load, 64) <= slots_needed(load + LOAD_STEP, 64)
         assert headroom_slots(step * LOAD_STEP, 64) == slots_needed(step * LOAD_STEP, 64)
 
 
-def test_a_burst_s_large_demand_is_rounded_up_by_a_share_of_it_and_capped_at_once() -> None:
-    """Above `LINEAR_UP_TO` Erlangs the cache rounds up by about 1.6% of the load, so the
-    demand a burst measures (hundreds of Erlangs) keeps few entries; a load over every
-    slot needs them all, with no pass over the slots."""
-    for load in (LINEAR_UP_TO + 0.01, 20.5, 63.9, 100.0, 333.3, 1500.0):
-        exact = slots_needed(load, 2048)
-        assert exact <= headroom_slots(load, 2048) <= slots_needed(load * (1 + LOAD_STEP), 2048)
+def test_a_load_over_every_slot_needs_them_all_without_a_pass_or_a_cache_entry() -> None:
+    """A burst measures thousands of Erlangs: the answer is every slot, as the pass over
+    them would end, and those loads leave the lane's usual ones in the cache."""
+    for load, most in ((5000.0, 2048), (64.0, 64), (8.5, 8)):
+        assert headroom_slots(load, most) == slots_needed(load, most) == most
     _slots_needed_in_steps.cache_clear()
-    for tenth in range(int(LINEAR_UP_TO * 10) + 1, 20_480):
+    for tenth in range(20_480, 40_000):
         headroom_slots(tenth / 10, 2048)
-    assert _slots_needed_in_steps.cache_info().currsize < 400  # 20k loads, ~330 passes
-    assert slots_needed(5000.0, 2048) == headroom_slots(5000.0, 2048) == 2048
+    assert _slots_needed_in_steps.cache_info().currsize == 0
     assert headroom_slots(0.0, 8) == headroom_slots(3.0, 0) == 0
+    assert headroom_slots(9.0, 8, wait_probability=1.0) == slots_needed(9.0, 8, 1.0) == 0
 
 
 def test_an_arrival_rate_falls_while_nothing_arrives_and_is_zero_when_quiet() -> None:
