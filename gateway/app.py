@@ -224,7 +224,7 @@ def build_pool(
     pool.on_available = scheduler.notify_capacity
     health = HealthMonitor(pool, settings.health, events)
     # Its own prompt sizes: another model's long prompts say nothing of this engine floor.
-    sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes())
+    sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes(), pool_name=name)
     health.after_round = sizer.round
     return ModelPool(name, serves, pool, scheduler, sizer, health)
 

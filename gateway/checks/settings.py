@@ -9,8 +9,23 @@ import os
 import sys
 
 from gateway.admission.tokens import EncodingUnavailable, load_encoding
-from gateway.config import Settings, consistency_warnings, unrecognized_env_names
+from gateway.config import LaneSettings, Settings, consistency_warnings, unrecognized_env_names
 from gateway.fleet.store import mask_url_password
+from gateway.upstream.sizing import UNLEARNED_DEADLINE_S
+
+
+def deadline_rule(lane: LaneSettings) -> str:
+    """What a lane's queue deadline will be, from the config alone (`--probe` measures
+    the engine and says the figure in force)."""
+    configured = f"{lane.queue_timeout_s:g} s"
+    if not lane.fit_timeout_to_engine:
+        return f"{configured}, exact (configured; fit_timeout_to_engine off)"
+    return (
+        f"fitted at run time: {configured} or 1.5x the measured engine floor, whichever is "
+        f"longer, and {UNLEARNED_DEADLINE_S:g} s while the engine's prefill is unmeasured "
+        "(fit_timeout_to_engine is on, as it is by default while queue_timeout_s is unset; "
+        "write queue_timeout_s to make it exact)"
+    )
 
 
 def check_config(settings: Settings) -> int:
@@ -31,7 +46,10 @@ def check_config(settings: Settings) -> int:
     effective["lane_slot_limits"] = {
         lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
     }
+    effective["lane_deadlines"] = {lane.name: deadline_rule(lane) for lane in settings.lanes}
     print(json.dumps(effective, indent=2))
+    for lane in settings.lanes:
+        print(f"note: lane '{lane.name}': queue deadline {deadline_rule(lane)}", file=sys.stderr)
     for warning in consistency_warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
     for name in unrecognized_env_names(os.environ):

@@ -46,9 +46,11 @@ class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     max_queue_depth_per_tenant: NonNegative = 0
     #: Refuse at once (429 wait_too_long) when the predicted wait exceeds the deadline.
     reject_predicted_wait: bool = True
-    #: Raise queue_timeout_s when the measured engine floor (one long prefill ahead plus
-    #: the request's own) would not fit in it: a deadline shorter than the engine
-    #: allows only turns requests away that the backend would have served.
+    #: Adapt queue_timeout_s to the engine: raise it to 1.5x the measured engine floor
+    #: (one long prefill ahead plus the request's own) when the floor would not fit in
+    #: it, and to UNLEARNED_DEADLINE_S while the engine's prefill is unlearned. Unset, it
+    #: is on only while queue_timeout_s is unset too: a queue_timeout_s the operator
+    #: wrote is exact (`config/written.py`; set this to true to have it fitted anyway).
     fit_timeout_to_engine: bool = True
     #: Names of the backends this lane may use; None: all of them.
     backends: Annotated[list[str], rule("name at least one backend", min_length=1)] | None = None

@@ -1,5 +1,6 @@
 """Settings from their sources in order: defaults, a TOML file, GATEWAY_* variables, CLI
-flags; each source checked as it is read, then all of them together (`checks`).
+flags; each source checked as it is read, then all of them together (`checks`). What the
+operator wrote is exact (`written`): it turns off the adaptation of that value.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gateway.config.constraints import ConfigError
 from gateway.config.environment import apply_env, backends_from_urls
 from gateway.config.messages import convert, type_at
 from gateway.config.settings import TABLES, Origins, Settings
+from gateway.config.written import settle_written
 
 
 def load_settings(
@@ -34,6 +36,7 @@ def load_settings(
     origins: Origins = {}
     apply_env(data, os.environ if env is None else env, origins)
     _apply_overrides(data, overrides or {}, origins)
+    settle_written(data, raw, origins)
     return checked(convert(data, origins))
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.config import LimitsSettings, Settings, slot_limit
+from gateway.config import LaneSettings, LimitsSettings, Settings, slot_limit
 from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_weight
 from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
 from gateway.scheduling.learning import MIN_PREFILL_SAMPLE_TOKENS, changed_a_lot
@@ -55,6 +55,8 @@ QUEUED_SCRAPES_TO_HOLD = 2
 #: configured one): long enough for one long prefill on a CPU four times slower than a
 #: laptop's, so no refusal rests on figures not learned.
 UNLEARNED_DEADLINE_S = 60.0
+#: Why a lane's deadline is what it is (`BackendSizer.deadline_in_force`).
+CONFIGURED, DEFAULT, FITTED, UNLEARNED = "configured", "default", "fitted", "unlearned"
 #: An engine whose KV cache is this full queues for want of memory, not between steps.
 KV_FULL = 0.9
 #: A backend whose /metrics said nothing this many times is scraped this much less often.
@@ -121,8 +123,11 @@ class BackendSizer:
         scheduler: Scheduler,
         events: Any,
         prompt_sizes: PromptSizes,
+        pool_name: str = "",
     ) -> None:
         self.settings = settings
+        #: The model pool it sizes (its lines name it; "" for the catch-all pool).
+        self.pool_name = pool_name
         self.pool = pool
         self.scheduler = scheduler
         self.events = events
@@ -137,6 +142,8 @@ class BackendSizer:
         #: The floor behind each lane's deadline, in seconds (for /debug and warnings).
         self.floors: dict[str, float] = {}
         self._warned: dict[str, float] = {}
+        #: What `lane_in_force` last said of each lane: deadline, why, slot limit.
+        self._said: dict[str, tuple[float, str, int]] = {}
         #: Where the learned figures are kept across a restart (None: nowhere).
         self.learned_state: LearnedState | None = None
         #: A prompt the prior cannot time was sent (one long enough to teach a prefill
@@ -394,23 +401,12 @@ class BackendSizer:
             self.scheduler.set_slot_limit(lane.name, slot_limit(lane, slots), slots)
             floor = self.floor_s(lane.name, lane.max_prompt_tokens)
             self.floors[lane.name] = floor
-            deadline = fitted_deadline_s(lane.queue_timeout_s, floor, lane.fit_timeout_to_engine)
-            if lane.fit_timeout_to_engine and not self.learned(lane.name):
-                deadline = max(deadline, UNLEARNED_DEADLINE_S)
-            previous = self.scheduler.lane(lane.name).deadline_s
+            deadline, why = self.deadline_in_force(lane, floor)
             self.scheduler.set_deadline(lane.name, deadline)
             if quiet:
                 continue
-            if deadline != lane.queue_timeout_s and changed_a_lot(previous, deadline, 1.2):
-                self.events.info(
-                    "lane_deadline_fitted",
-                    lane=lane.name,
-                    configured_s=lane.queue_timeout_s,
-                    deadline_s=round(deadline, 2),
-                    engine_floor_s=round(floor, 2),
-                    learned=self.learned(lane.name),
-                )
-            elif floor > lane.queue_timeout_s and not lane.fit_timeout_to_engine:
+            self._say_in_force(lane, deadline, why, floor)
+            if not lane.fit_timeout_to_engine and floor > lane.queue_timeout_s:
                 self._warn_short_deadline(lane.name, lane.queue_timeout_s, floor)
         self.scheduler.cost.output_weight = self.output_token_weight()
         if quiet:
@@ -419,6 +415,48 @@ class BackendSizer:
             self._warn_demand_over_capacity(state.name, state.capacity)
         for backend in self.pool.backends:
             self._log_learned(backend)
+
+    def deadline_in_force(self, lane: LaneSettings, floor_s: float) -> tuple[float, str]:
+        """A lane's queue deadline and why it is that: `configured` (written, or the
+        default where fitting is off: exact), `default` (fitting is on and the engine
+        floor fits in it), `fitted` (raised to `DEADLINE_OVER_FLOOR` x the floor) or
+        `unlearned` (`UNLEARNED_DEADLINE_S` until the engine's prefill is measured)."""
+        configured = lane.queue_timeout_s
+        if not lane.fit_timeout_to_engine:
+            return configured, CONFIGURED
+        if not self.learned(lane.name) and configured < UNLEARNED_DEADLINE_S:
+            return UNLEARNED_DEADLINE_S, UNLEARNED
+        fitted = fitted_deadline_s(configured, floor_s, fit=True)
+        return (fitted, FITTED) if fitted > configured else (configured, DEFAULT)
+
+    def _say_in_force(self, lane: LaneSettings, deadline: float, why: str, floor: float) -> None:
+        """One line per lane with what is in force and why, at start and whenever the
+        reason, the slot limit or the deadline (by a fifth) changes."""
+        state = self.scheduler.lane(lane.name)
+        said = self._said.get(lane.name)
+        if (
+            said is not None
+            and said[1] == why
+            and said[2] == state.slot_limit
+            and not changed_a_lot(said[0], deadline, 1.2)
+        ):
+            return
+        self._said[lane.name] = (deadline, why, state.slot_limit)
+        self.events.info(
+            "lane_in_force",
+            lane=lane.name,
+            pool=self.pool_name,
+            deadline_s=round(deadline, 3),
+            deadline_from=why,
+            configured_s=lane.queue_timeout_s,
+            fit_timeout_to_engine=lane.fit_timeout_to_engine,
+            engine_floor_s=round(floor, 3),
+            floor_learned=self.learned(lane.name),
+            slot_limit=state.slot_limit,
+            max_queue_depth=lane.max_queue_depth,
+            promote_after_s=lane.promote_after_s,
+            reject_predicted_wait=lane.reject_predicted_wait,
+        )
 
     def _warn_demand_over_capacity(self, lane: str, capacity: int) -> None:
         """Say why a lane's requests wait or are refused when its own demand is more than
@@ -498,16 +536,21 @@ class BackendSizer:
         return backend.model.prefill_s(long_tokens) + answer
 
     def _warn_short_deadline(self, lane: str, deadline: float, floor: float) -> None:
-        if not changed_a_lot(self._warned.get(lane, 0.0), floor, 1.2):
+        """A written deadline under the engine floor is kept, and said once with the
+        figures (again when the floor moves by a fifth). Only a learned floor is worth
+        a warning: the prior's is a GPU's guess."""
+        if not self.learned(lane) or not changed_a_lot(self._warned.get(lane, 0.0), floor, 1.2):
             return
         self._warned[lane] = floor
         self.events.warning(
             "lane_deadline_below_engine_floor",
             lane=lane,
+            pool=self.pool_name,
             deadline_s=deadline,
             engine_floor_s=round(floor, 2),
-            hint="requests of this lane will time out behind one long prefill; "
-            "raise queue_timeout_s or set fit_timeout_to_engine = true",
+            hint="kept as written: a request of this lane that arrives behind one long "
+            "prefill gets 429 or 503 though the engine would serve it a moment later; "
+            "raise queue_timeout_s, or set fit_timeout_to_engine = true to have it fitted",
         )
 
     def _log_learned(self, backend: Backend) -> None:
@@ -568,7 +611,11 @@ class BackendSizer:
             {
                 "lane": lane.name,
                 "configured_timeout_s": lane.settings.queue_timeout_s,
+                "fit_timeout_to_engine": lane.settings.fit_timeout_to_engine,
                 "deadline_s": round(lane.deadline_s, 3),
+                "deadline_from": self.deadline_in_force(
+                    lane.settings, self.floors.get(lane.name, 0.0)
+                )[1],
                 "engine_floor_s": _rounded(self.floors.get(lane.name)),
                 "slot_limit": lane.slot_limit,
                 "predicted_wait_s": self.scheduler.predicted_wait_s(lane.name),
