@@ -23,9 +23,12 @@ only when short requests alone exceed what the backends serve. The wait is
 predicted from the request's place in line (its own lane's queue and those of
 the higher lanes that go first) times the lane's measured wait per place, a
 median over recent requests, so the prediction is calibrated against what
-queueing really cost, promotions, floors and prefill budgets included. A
-request's deadline is its lane's (which the app may raise to fit a slow
-engine) or the client's own, whichever is shorter.
+queueing really cost, promotions, floors and prefill budgets included. Beside
+it, the wait the work in sight makes at least (`known_wait.py`: the prefills in
+flight ahead of it) refuses at once a request that cannot make its deadline
+whatever happens next. A request's deadline is its lane's (exactly as written,
+or fitted to a slow engine where the operator left it unset) or the client's
+own, whichever is shorter.
 
 The scheduler knows nothing about HTTP or backends: a `SlotSource` hands out
 the actual slot (a backend) and says when none is free for a lane. It reads
@@ -47,6 +50,7 @@ from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
 from gateway.scheduling.fairness import FairQueue, TokenCost
 from gateway.scheduling.headroom import ArrivalRate, headroom_slots
+from gateway.scheduling.known_wait import MAX_AHEAD
 from gateway.scheduling.learning import WindowedMedian
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
@@ -120,6 +124,11 @@ class SlotSource(Protocol):
         """Some backend of `lane` has a free slot now (with [redis], counting the slots the
         other replicas hold)."""
 
+    def known_wait_s(self, lane: str, ahead: Sequence[tuple[int, Any]]) -> float:
+        """The least wait of a request of `lane` that has `ahead` of it in line (each a
+        prompt's tokens and its routing hint), from the work known now: what is left of
+        the prefills in flight on the lane's backends (`scheduling/known_wait.py`)."""
+
     def prefill_done(self, slot: Any) -> None:
         """The request's prompt is no longer in prefill (its first byte came back)."""
 
@@ -147,7 +156,8 @@ class Grant:
 class WaitNote:
     """What admission to the queue decided for one request, for its log line."""
 
-    #: The wait predicted at arrival (None: nothing to go on yet).
+    #: The wait predicted at arrival: the measured one, or the wait the work in sight
+    #: makes at least (`known_wait.py`), whichever is longer (None: never queued).
     predicted_wait_s: float | None = None
     #: The queue deadline in force: the lane's, or the client's when shorter.
     deadline_s: float | None = None
@@ -380,6 +390,25 @@ class Scheduler:
         # on the slots it will have, not the line as the lower lane's slots make it now.
         return min(measured, place * hold / yielding)
 
+    def known_wait_s(
+        self, name: str, tenant: str | None = None, weight: float = 1.0, cost: float = 0.0
+    ) -> float:
+        """The least wait of a request arriving now in lane `name` from the work in sight
+        (`known_wait.py`): the prefills in flight on its backends, and the requests that
+        go before it (the higher lanes' queues, then its own lane's up to its place in
+        its tenant's fair turn), each holding a slot at least for its own prefill."""
+        lane = self._by_name[name]
+        if self._starts_now(lane):
+            return 0.0
+        ahead: list[tuple[int, Any]] = []
+        for other in lane.higher:
+            ahead += [(w.prompt_tokens, w.hint) for w in other.queue.order(MAX_AHEAD)]
+        own = self._place_in_line(lane, tenant, weight, cost) - 1 - len(ahead)
+        if own > 0 and len(ahead) < MAX_AHEAD:
+            own = min(own, MAX_AHEAD - len(ahead))
+            ahead += [(w.prompt_tokens, w.hint) for w in lane.queue.order(own)]
+        return self._source.known_wait_s(name, ahead[:MAX_AHEAD])
+
     def _yielding_slots(self, lane: LaneState) -> int | None:
         """The slots `lane` will have once the lanes below it that are giving slots back
         are down to their floors (None: none of them is)."""
@@ -495,8 +524,10 @@ class Scheduler:
         deadline = self.deadline_for(name, client_deadline_s)
         cost = self.cost.of(prompt_tokens, output_tokens)
         predicted = self.predicted_wait_s(name, tenant, weight, cost)
+        known = 0.0 if predicted == 0.0 else self.known_wait_s(name, tenant, weight, cost)
         if note is not None:
-            note.predicted_wait_s, note.deadline_s = predicted, deadline
+            note.predicted_wait_s = max(predicted or 0.0, known)
+            note.deadline_s = deadline
         self._check_queue_room(lane, tenant, weight)
         pressing = self.pressing_lane(name) if settings.reject_predicted_wait else None
         if pressing is not None:
@@ -517,6 +548,13 @@ class Scheduler:
                 retry_after_s=self._retry_after(
                     lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s, tenant, weight
                 ),
+            )
+        if settings.reject_predicted_wait and known > deadline:
+            whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"
+            raise WaitTooLong(
+                f"The '{name}' lane cannot give this request a slot for at least {known:.1f} "
+                f"s (the prompts in prefill ahead of it), over {whose} {deadline:.3g} s limit.",
+                retry_after_s=max(1, min(MAX_RETRY_AFTER_S, math.ceil(known - deadline))),
             )
         if (
             lane.in_flight < self._limit(lane, now)

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from weakref import WeakKeyDictionary
@@ -86,6 +86,7 @@ from gateway.config import (
 )
 from gateway.outcomes import NoBackend, Outcome
 from gateway.scheduling.fitting import PRIOR_LONG_PROMPT_TOKENS
+from gateway.scheduling.known_wait import known_wait_s
 from gateway.scheduling.learning import BackendModel
 from gateway.scheduling.scheduler import Deferred
 from gateway.upstream.adapters import AdapterCandidate, BackendAdapters, preferred_backends
@@ -555,6 +556,43 @@ class BackendPool:
         backends = self.backends if lane is None else self.backends_of(lane)
         ratios = [b.model.token_ratio for b in backends]
         return max(ratios) if ratios else 1.0
+
+    def known_wait_s(self, lane: str, ahead: Sequence[tuple[int, Any]]) -> float:
+        """The least wait of a request of `lane` with `ahead` of it in line (each a prompt's
+        tokens and its routing hint; `scheduling/known_wait.py`). A slot whose prompt is in
+        prefill frees no sooner than what is left of it: the prompts dispatched before it
+        there, then its own, at its backend's learned rate. A request ahead holds a slot at
+        least for its prompt's uncached part at the fastest learned rate. A backend whose
+        rate is still the prior's counts all its slots free: no refusal rests on a guess."""
+        now = self.clock()
+        idle, busy = 0, []
+        fastest = 0.0
+        for backend in self.backends_of(lane):
+            if not backend.available(now):
+                continue
+            model = backend.model
+            if not model.prefill_learned:
+                idle += backend.slot_limit
+                continue
+            fastest = max(fastest, model.prefill_tokens_per_s)
+            left = [
+                remaining
+                for slot in backend._prefilling
+                if (
+                    remaining := model.prefill_s(slot.ahead_tokens + slot.prefill_tokens)
+                    - (now - slot.dispatched_at)
+                )
+                > 0
+            ]
+            busy += left
+            idle += max(0, backend.slot_limit - len(left))
+        holds = []
+        if fastest:
+            for prompt_tokens, hint in ahead:
+                prefix = hint.prefix if isinstance(hint, RouteHint) else None
+                uncached = prompt_tokens - self.expected_cached_tokens(prefix)
+                holds.append(max(0, uncached) / fastest)
+        return known_wait_s(idle, busy, holds)
 
     def prefill_s(self, lane: str, prompt_tokens: int) -> float:
         """Predicted prefill of a prompt on the slowest backend of a lane."""

@@ -187,6 +187,9 @@ class FreeSlots:
     def give_back(self, slot: object) -> None:
         pass
 
+    def known_wait_s(self, lane: str, ahead: object) -> float:
+        return 0.0
+
 
 def route_to(pool: str, serves: tuple[str, ...] = (), target: str | None = None) -> Any:
     """A route into a pool of its own scheduler (what the mirror reads of a `Route`)."""
