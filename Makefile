@@ -47,9 +47,13 @@ test: $(STAMP)
 	@$(PYTEST_PART) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(ARGS)
 	@$(PYTEST_PART) $(PY) -m pytest -q -m serial $(ARGS)
 
-## test-fast: the inner loop, about a minute: the suite without the tests marked `slow`
+## test-fast: the inner loop, about a minute: the suite without the tests marked `slow`, in
+## two parts as `test` runs it: in TEST_WORKERS processes, then its tests marked `serial`
+## one at a time (beside the other tests, their timings fail).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(ARGS)
+	@echo "make: the suite without slow tests in $(TEST_WORKERS) processes, then its tests marked serial"
+	@$(PYTEST_PART) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not serial" $(ARGS)
+	@$(PYTEST_PART) $(PY) -m pytest -q -m "serial and not slow" $(ARGS)
 
 ## install-report, install-tracing: an optional extra into .venv (`analyze --html`'s
 ## matplotlib; `[tracing] enabled`'s OpenTelemetry SDK). The package is on no index, so

@@ -330,13 +330,20 @@ class CannotListen(Exception):
 
 
 def start_simulator_process(host: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `python -m gateway simulate` on a free port; return it and its URL."""
+    """Start `python -m gateway simulate` on a free port; return it and its URL.
+
+    The child ends with this process however it ends (`tools/child.py`): `serve`'s own
+    `finally` stops it on a clean exit, but nothing of ours runs on a SIGKILL.
+    """
+    from gateway.tools.child import die_with_parent
+
     with socket.socket() as probe:
         probe.bind((host, 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "simulate", "--host", host, "--port", str(port)],
         stdout=sys.stderr,
+        preexec_fn=die_with_parent(),
     )
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + SIMULATOR_START_TIMEOUT_S
