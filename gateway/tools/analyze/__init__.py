@@ -16,6 +16,7 @@ reports).
 """
 
 from gateway.tools.analyze.analyzer import (
+    ENGINE_QUEUE_TEXT,
     METRICS,
     PERCENTILES,
     PREDICTOR_FIELDS,
@@ -34,11 +35,13 @@ from gateway.tools.analyze.analyzer import (
     slowest,
     tail_analysis,
     tail_size,
+    tail_verdict,
     verdict,
 )
 from gateway.tools.analyze.cli import add_arguments, build_parser, main
 from gateway.tools.analyze.engine import (
     ENGINE_FIELDS,
+    ENGINE_QUEUE_CAUSES,
     backend_slots,
     band_splits,
     engine_parts,
@@ -89,6 +92,8 @@ from gateway.tools.analyze.tenants import (
 __all__ = [
     "BACKLOG_SHARE",
     "ENGINE_FIELDS",
+    "ENGINE_QUEUE_CAUSES",
+    "ENGINE_QUEUE_TEXT",
     "STORM_SHARE",
     "STORM_WINDOW_S",
     "backend_slots",
@@ -140,6 +145,7 @@ __all__ = [
     "slowest",
     "tail_analysis",
     "tail_size",
+    "tail_verdict",
     "tenant_analysis",
     "tenant_lines",
     "tenant_of",

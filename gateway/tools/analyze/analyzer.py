@@ -91,6 +91,21 @@ VERDICT_TEXT = {
     "gateway": "gateway-bound → the gateway's own work (see gateway_event_loop_lag_seconds)",
     "unknown": "no verdict → the slowest were refused at admission (see rejections)",
 }
+#: An engine-queue verdict's line by why its backends' engines queued (their
+#: `engine_queue_cause`, one of `engine.ENGINE_QUEUE_CAUSES`, the same reading as each
+#: backend's own line): fewer slots only for a queue for a place in the batch, never
+#: above a line that says the slots are not what the requests waited for.
+ENGINE_QUEUE_TEXT = {
+    "batch": VERDICT_TEXT["engine_queue"],
+    "prefill": "engine-queue-bound behind other prompts' prefill → prefill interference, not "
+    "too many slots: keep max_concurrency; the prefill budget (prefill_budget_s) bounds it",
+    "steps": "engine-queue-bound on the engine's steps → not too many slots: keep "
+    "max_concurrency; the wait is the engine's step time (capacity)",
+    "alone": "engine-queue-bound even when sent alone → fewer slots do not fix that: is the "
+    "engine shared with other clients?",
+    "none": "engine-queue-bound → no figure for max_concurrency: no in-flight count queued in "
+    "the engine",
+}
 VERDICT_RULE = (
     f"A lane is queueing-bound when its slowest requests spent more than "
     f"{QUEUE_BOUND_SHARE:.0%} of their queue + backend time queued; gateway-bound when "
@@ -98,7 +113,9 @@ VERDICT_RULE = (
     f"the backend's time (engine_queue_ms, prefill_ms, decode_ms), waiting is the gateway's "
     f"queue + the engine's: above {QUEUE_BOUND_SHARE:.0%}, the larger queue names the "
     f"verdict (gateway queue: queueing-bound; engine queue: engine-queue-bound), else the "
-    f"larger of prefill and decode does (decode counts only in an e2e measure)"
+    f"larger of prefill and decode does (decode counts only in an e2e measure); an engine "
+    f"queue's fix is why its backend's engine queued (ENGINE SLOTS): fewer slots "
+    f"(max_concurrency) only when requests queued there for a place in its batch"
 )
 TWO_PART_NOTE = {
     "no_fields": "two-part verdict: this log has no engine_queue_ms / prefill_ms / decode_ms "
@@ -271,17 +288,7 @@ def tail_analysis(
     def share(part: str) -> float | None:
         return rounded(sums[part] / sums["total_ms"], 4) if sums["total_ms"] > 0 else None
 
-    # The gateway's time in the path of a first token (admission, relay), not a refusal's.
-    in_path = sum(b["gateway_ms"] for b in tail if b["measure"] == "ttft_ms")
-    kind = verdict(sums["queue_ms"], sums["backend_ms"], gateway_ms=in_path) if tail else None
-    note = None if split else TWO_PART_NOTE["no_fields"]
-    if split and tail:
-        four = four_part_verdict({**sums, "gateway_in_path_ms": in_path}, QUEUE_BOUND_SHARE)
-        if four is None:
-            note = TWO_PART_NOTE["no_split"]
-        else:
-            kind = four
-    advice = _engine_queue_advice(tail, slots or {}) if kind == "engine_queue" else []
+    decided = tail_verdict(tail, sums, split=split, slots=slots or {})
     return {
         "fraction": fraction,
         "size": size,
@@ -297,15 +304,60 @@ def tail_analysis(
         "backend_share": share("backend_ms"),
         "gateway_share": share("gateway_ms"),
         "queue_vs_backend": rounded(sums["queue_ms"] / both, 4) if both > 0 else None,
-        "split": "four" if split and note is None else "two",
-        "split_note": note,
+        "split": "four" if split and decided["split_note"] is None else "two",
+        "split_note": decided["split_note"],
         "parts": {part: {"mean_ms": mean(part), "share": share(part)} for part in PARTS},
         "timing_sources": sources(tail),
-        "verdict": kind,
-        "verdict_text": _verdict_text(kind, advice),
-        "engine_queue_advice": advice,
+        "verdict": decided["verdict"],
+        "engine_queue_cause": decided["cause"],
+        "verdict_text": decided["text"],
+        "engine_queue_advice": decided["advice"],
         "bands": band_splits(ranked),
         "slowest": [_rounded(b) for b in ranked[:SLOWEST_LISTED]],
+    }
+
+
+def tail_verdict(
+    tail: Sequence[dict[str, Any]],
+    sums: dict[str, float],
+    *,
+    split: bool,
+    slots: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The tail's verdict and its advice, decided once for every line that shows them.
+
+    Where the time went (`verdict`: the four-part one where `split` and the split
+    covers the time, else queue vs backend, `split_note` saying why) and, for an
+    engine-queue tail, why the engines queued (`cause`: the `engine_queue_cause` of
+    the backends it waited in, weighted by its engine-queue time there). The headline
+    (`text`) and the backends' lines under it (`advice`, each with its note and cause)
+    are both rendered from this result: a report once said "lower max_concurrency"
+    above a line saying "prefill interference, not too many slots" (#51), because the
+    headline followed the time split alone. `sums` are the tail's parts added up.
+    """
+    # The gateway's time in the path of a first token (admission, relay), not a refusal's.
+    in_path = sum(b["gateway_ms"] for b in tail if b["measure"] == "ttft_ms")
+    kind = verdict(sums["queue_ms"], sums["backend_ms"], gateway_ms=in_path) if tail else None
+    note = None if split else TWO_PART_NOTE["no_fields"]
+    if split and tail:
+        four = four_part_verdict({**sums, "gateway_in_path_ms": in_path}, QUEUE_BOUND_SHARE)
+        if four is None:
+            note = TWO_PART_NOTE["no_split"]
+        else:
+            kind = four
+    advice = _engine_queue_advice(tail, slots) if kind == "engine_queue" else []
+    weights: Counter[str] = Counter()
+    for item in advice:
+        if item["cause"] is not None:
+            weights[item["cause"]] += item["tail_engine_queue_ms"]
+    # Ties go to the backend the tail waited in most (advice is in that order).
+    cause = weights.most_common(1)[0][0] if weights else None
+    return {
+        "verdict": kind,
+        "cause": cause,
+        "split_note": note,
+        "advice": advice,
+        "text": _verdict_text(kind, cause, advice),
     }
 
 
@@ -329,15 +381,22 @@ def _engine_queue_advice(
                 "advised_max_concurrency": slot.get("advised_max_concurrency"),
                 "basis": slot.get("basis"),
                 "note": slot.get("note"),
+                "cause": slot.get("engine_queue_cause"),
             }
         )
     return out
 
 
-def _verdict_text(kind: str | None, advice: Sequence[dict[str, Any]]) -> str | None:
-    """The verdict's line; an engine-queue one names each backend and the value to set."""
+def _verdict_text(
+    kind: str | None, cause: str | None, advice: Sequence[dict[str, Any]]
+) -> str | None:
+    """The verdict's line; an engine-queue one says what its cause calls for and, when that
+    is fewer slots, names each backend and the value to set. Without the backends' slots
+    (`tail_analysis` called alone) the cause is unknown and the time split speaks alone."""
     if kind is None:
         return None
+    if kind == "engine_queue" and cause not in (None, "batch"):
+        return ENGINE_QUEUE_TEXT[cause]
     figures = [
         f"{a['backend']}: {a['max_in_flight']} → {a['advised_max_concurrency']}"
         for a in advice

@@ -93,6 +93,13 @@ BANDS: tuple[tuple[str, float, float], ...] = (
     ("P90-P99", 90, 99),
     ("≥P99", 99, 100),
 )
+#: Why a backend's requests waited in its engine, as its in-flight counts tell (each
+#: backend's `engine_queue_cause`): for a place in its batch (more slots than it
+#: batches), behind other prompts' prefill (chunked prefill: prefill interference), for
+#: its steps while no request there ended, even when sent alone (an engine shared with
+#: other clients?), or no in-flight count queued at all. Only "batch" calls for fewer
+#: slots (`max_concurrency`).
+ENGINE_QUEUE_CAUSES: tuple[str, ...] = ("batch", "prefill", "steps", "alone", "none")
 SLOT_RULE = (
     f"in flight = the backend's requests dispatched (arrival + ttft_ms − backend_ttft_ms, "
     f"else + queue_ms) and not ended when each was sent, itself included; a request queued "
@@ -333,31 +340,38 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         # request got its seat still says how many it batches.
         advised = ran
         basis = f"the engine ran {ran} at once while requests waited in it"
+    # The cause and the note are decided together: the note is the backend's line in the
+    # reports and the cause the tail's verdict (`analyzer.tail_verdict`), so they agree.
     if first_queued is None and interference:
+        cause = "prefill"
         note = (
             f"{len(interference)} requests waited in the engine behind a bigger prompt's "
             "prefill (chunked prefill: prefill interference, not too many slots; the "
             "gateway's prefill budget bounds it), none for a batch place"
         )
     elif first_queued is None and unseated:
+        cause = "steps"
         note = (
             f"{len(unseated)} requests waited in the engine while none there ended (for "
             "its steps, not for a place in its batch), none for a batch place"
         )
     elif first_queued is None:
-        note = "no in-flight count queued in the engine"
+        cause, note = "none", "no in-flight count queued in the engine"
     elif unqueued_above:
+        cause = "prefill"
         note = (
             f"requests queued in the engine at {first_queued} in flight but none at "
             f"{min(unqueued_above)}: not for a place in its batch (behind other prompts' "
             "prefill)"
         )
     elif advised is None and first_queued == 1:
+        cause = "alone"
         note = "requests queued in the engine even when sent alone (is it shared with others?)"
     elif advised is None:
+        cause = "batch"
         note = f"too few requests sent at fewer than {first_queued} in flight to judge"
     else:
-        note = None
+        cause, note = "batch", None
     return {
         "requests": len(spans),
         "max_in_flight": max(table) if table else None,
@@ -365,6 +379,7 @@ def _slots(spans: list[tuple[float, float, Record]]) -> dict[str, Any]:
         "advised_max_concurrency": advised,
         "basis": basis,
         "note": note,
+        "engine_queue_cause": cause,
         "behind_prefill": len(interference),
         "no_seat_freed": len(unseated),
         "by_in_flight": {str(c): row for c, row in table.items()},

@@ -1,12 +1,16 @@
 """The plain-text report of an analysis: verdicts first, then the numbers behind them.
 
 It is what an on-call engineer reads in a terminal, so it fits 100 columns and
-leads with the one line per lane that says which fix to reach for.
+leads with the one line per lane that says which fix to reach for. Names (lanes,
+outcomes, backends, tenants, clients) are never cut to fit: a cut name is another
+name (`rejected_max_tokens_too_larg`). A table's name column is as wide as its
+longest name, as far as the row still fits; a longer name gets a line of its own.
 """
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable
 from typing import Any
 
 from gateway.tools.analyze.analyzer import QUEUE_BOUND_SHARE, VERDICT_RULE
@@ -14,6 +18,8 @@ from gateway.tools.analyze.engine import PART_TEXT, PARTS, SLOT_RULE
 from gateway.tools.analyze.retries import MAX_RETRIES
 from gateway.tools.analyze.tenants import COST_FALLBACK, COST_LOGGED, NO_TENANT
 
+#: The report's width in columns: a terminal's, less a margin.
+WIDTH = 100
 MEASURE_TEXT = {"ttft_ms": "TTFT", "e2e_ms": "e2e (no first token)"}
 MEASURE_LEGEND = (
     "TTFT splits into queue_ms + backend_ttft_ms + gateway; e2e (for requests without a first "
@@ -45,7 +51,6 @@ def verdict_lines(lane: str, tail: dict[str, Any]) -> list[str]:
         MEASURE_TEXT[m] + (f" ×{n}" if mixed else "")
         for m, n in sorted(tail["measures"].items(), key=lambda item: -item[1])
     )
-    lane = lane[:40]
     pct = f"{100 * tail['fraction']:g}%"
     lines = _wrapped(f"{lane}: {tail['verdict_text']}", indent="", more="      ")
     lines.append(
@@ -133,7 +138,36 @@ def _spread(tail: dict[str, Any]) -> str:
 
 
 def _wrapped(text: str, indent: str = "    ", more: str = "      ") -> list[str]:
-    return textwrap.wrap(text, width=98, initial_indent=indent, subsequent_indent=more)
+    """Prose wrapped to the report's width, the words whole: a name longer than a line
+    overhangs it rather than being split (or split at its hyphens)."""
+    return textwrap.wrap(
+        text,
+        width=WIDTH - 2,
+        initial_indent=indent,
+        subsequent_indent=more,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def _column(values: Iterable[str], least: int, rest: int) -> int:
+    """A name column's width: its longest value and a space, at least `least` (the header's
+    layout), as far as the row still fits WIDTH (`rest`: the indent and the columns after
+    it). A value too long for that goes on a line of its own (`_cell`) and does not widen
+    the column: the room is left to the columns after it."""
+    fitting = [len(value) + 1 for value in values if len(value) + 1 <= WIDTH - rest]
+    return max([least, *fitting])
+
+
+def _cell(value: str, width: int, lead: str) -> tuple[list[str], str]:
+    """`value` padded to its column, and the lines to write before its row: none when it
+    fits; when it does not, itself whole after `lead` (the row up to this column; from
+    the table's indent when even that is too wide), and the row goes on below with this
+    cell blank, so the figures stay under their headers."""
+    if len(value) < width:
+        return [], f"{value:<{width}}"
+    line = lead + value if len(lead) + len(value) <= WIDTH else f"  {value}"
+    return [line], " " * width
 
 
 def slot_lines(backends: dict[str, Any]) -> list[str]:
@@ -155,7 +189,7 @@ def slot_lines(backends: dict[str, Any]) -> list[str]:
             )
         else:
             said = f"→ no figure: {data['note']}"
-        out += _wrapped(f"{name[:40]}: {counts} {said}", indent="  ", more="    ")
+        out += _wrapped(f"{name}: {counts} {said}", indent="  ", more="    ")
     return out
 
 
@@ -178,7 +212,7 @@ def band_lines(lanes: dict[str, Any]) -> list[str]:
         if not bands:
             continue
         timings = ", ".join(f"{s} {n}" for s, n in data.get("timing_sources", {}).items())
-        out.append(f"  {lane[:40]}" + (f" (timings: {timings})"[:56] if timings else ""))
+        out += _wrapped(lane + (f" (timings: {timings})" if timings else ""), "  ", "      ")
         for band in bands:
             cells = [band["mean_total_ms"], *(band[part] for part in PARTS)]
             out.append(
@@ -215,19 +249,20 @@ def format_report(analysis: dict[str, Any]) -> str:
         out += ["", *slot_lines(analysis.get("backends") or {})]
 
     out += ["", "LATENCY (ms) per lane and outcome; n = requests with a value"]
-    out.append(
-        f"  {'lane / outcome':<30}{'requests':>8}  {'metric':<16}{'n':>6}"
-        f"{'p50':>10}{'p95':>10}{'p99':>10}"
-    )
+    head = f"{'requests':>8}  {'metric':<16}{'n':>6}{'p50':>10}{'p95':>10}{'p99':>10}"
+    labels = [f"  {outcome}" for data in lanes.values() for outcome in data["outcomes"]]
+    width = _column(labels, 30, 2 + len(head))
+    out.append(f"  {'lane / outcome':<{width}}{head}")
     for lane, data in lanes.items():
-        out.append(f"  {lane[:30]}")
+        out.append(f"  {lane}")
         for outcome, stats in data["outcomes"].items():
-            label = f"  {outcome}"[:30]
+            before, label = _cell(f"  {outcome}", width, "  ")
+            out += before
             rows = [(m, s) for m, s in stats["latency"].items() if s["count"]]
             if not rows:
-                out.append(f"  {label:<30}{stats['count']:>8}  (no timings)")
+                out.append(f"  {label}{stats['count']:>8}  (no timings)")
             for i, (metric, s) in enumerate(rows):
-                first = f"  {label:<30}{stats['count']:>8}" if i == 0 else " " * 40
+                first = f"  {label}{stats['count']:>8}" if i == 0 else " " * (width + 10)
                 out.append(
                     f"{first}  {metric:<16}{s['count']:>6}{fmt_ms(s['p50']):>10}"
                     f"{fmt_ms(s['p95']):>10}{fmt_ms(s['p99']):>10}"
@@ -242,11 +277,17 @@ def format_report(analysis: dict[str, Any]) -> str:
     if not failures:
         out.append("  none: every request ended ok")
     else:
-        out.append(f"  {'lane':<24}{'reason':<32}{'count':>8}{'lane total':>12}{'% of lane':>12}")
-        for lane, failure, total in failures:
+        head = f"{'count':>8}{'lane total':>12}{'% of lane':>12}"
+        lane_w = _column((lane for lane, _, _ in failures), 24, 2 + 32 + len(head))
+        reason_w = _column((f["reason"] for _, f, _ in failures), 32, 2 + lane_w + len(head))
+        out.append(f"  {'lane':<{lane_w}}{'reason':<{reason_w}}{head}")
+        for i, (lane, failure, total) in enumerate(failures):
+            named = i == 0 or failures[i - 1][0] != lane  # a lane's name once, on its first row
+            before, name = _cell(lane if named else "", lane_w, "  ")
+            more, reason = _cell(failure["reason"], reason_w, f"  {name}")
+            out += before + more
             out.append(
-                f"  {lane[:23]:<24}{failure['reason'][:31]:<32}{failure['count']:>8}"
-                f"{total:>12}{failure['percent']:>11.1f}%"
+                f"  {name}{reason}{failure['count']:>8}{total:>12}{failure['percent']:>11.1f}%"
             )
     models = analysis.get("models")
     if models:
@@ -264,26 +305,32 @@ def format_report(analysis: dict[str, Any]) -> str:
         out += ["", *resume_lines(resumes)]
     slots = f" Engine slots: {SLOT_RULE}." if analysis.get("engine_split") else ""
     out += ["", "HOW TO READ"]
-    out += textwrap.wrap(
+    out += _wrapped(
         f"{VERDICT_RULE}. {MEASURE_LEGEND}. Gateway time is admission (token counting) and "
         f"refusals.{slots} Percentiles interpolate linearly between ranks, as numpy does.",
-        width=98,
-        initial_indent="  ",
-        subsequent_indent="  ",
+        "  ",
+        "  ",
     )
     return "\n".join(out) + "\n"
 
 
 def model_lines(models: dict[str, Any]) -> list[str]:
     """One row per model and lane: what each model's clients got, and its own verdict."""
-    out = [
-        f"PER MODEL ({len(models)} models; each has its own pool, queue and slots)",
-        f"  {'model → pool':<28}{'lane':<14}{'requests':>9}{'ok %':>7}"
-        f"{'ttft p50':>10}{'ttft p99':>10}{'queue p99':>10}  verdict",
-    ]
+    head = f"{'requests':>9}{'ok %':>7}{'ttft p50':>10}{'ttft p99':>10}{'queue p99':>10}  "
+    labels: dict[str, str] = {}
     for model, data in models.items():
         pools = ", ".join(p for p in data["pools"] if p != model)
-        label = f"{model} → {pools}" if pools else model
+        labels[model] = f"{model} → {pools}" if pools else model
+    rows = [(model, lane, s) for model, d in models.items() for lane, s in d["lanes"].items()]
+    verdict_w = max(len(s["tail"].get("verdict") or "-") for _, _, s in rows)
+    rest = 2 + len(head) + verdict_w
+    label_w = _column(labels.values(), 28, rest + 14)
+    lane_w = _column((lane for _, lane, _ in rows), 14, rest + label_w)
+    out = [
+        f"PER MODEL ({len(models)} models; each has its own pool, queue and slots)",
+        f"  {'model → pool':<{label_w}}{'lane':<{lane_w}}{head}verdict",
+    ]
+    for model, data in models.items():
         for i, (lane, summary) in enumerate(data["lanes"].items()):
             ok = summary["outcomes"].get("ok")
             share = 100.0 * ok["count"] / summary["requests"] if ok else 0.0
@@ -291,9 +338,11 @@ def model_lines(models: dict[str, Any]) -> list[str]:
             ttft = latency.get("ttft_ms") or {}
             queue = latency.get("queue_ms") or {}
             verdict = summary["tail"].get("verdict") or "-"
-            name = label[:27] if i == 0 else ""
+            before, name = _cell(labels[model] if i == 0 else "", label_w, "  ")
+            more, lane_cell = _cell(lane, lane_w, f"  {name}")
+            out += before + more
             out.append(
-                f"  {name:<28}{lane[:13]:<14}{summary['requests']:>9}{share:>7.1f}"
+                f"  {name}{lane_cell}{summary['requests']:>9}{share:>7.1f}"
                 f"{fmt_ms(ttft.get('p50')):>10}{fmt_ms(ttft.get('p99')):>10}"
                 f"{fmt_ms(queue.get('p99')):>10}  {verdict}"
             )
@@ -302,28 +351,33 @@ def model_lines(models: dict[str, Any]) -> list[str]:
 
 def predictor_lines(predictor: dict[str, Any]) -> list[str]:
     """The PREDICTOR section: was the wait predicted at arrival right, and were refusals?"""
+    head = (
+        f"{'n':>6}{'median |err|':>14}{'p90 |err|':>11}"
+        f"{'refused':>9}{'judged':>8}{'would have made':>17}{'vs limit':>9}"
+    )
+    width = _column(predictor["lanes"], 24, 2 + len(head))
     out = [
         "PREDICTOR per lane: predicted wait at arrival vs queue_ms; wait_too_long refusals",
-        f"  {'lane':<24}{'n':>6}{'median |err|':>14}{'p90 |err|':>11}"
-        f"{'refused':>9}{'judged':>8}{'would have made':>17}{'vs limit':>9}",
+        f"  {'lane':<{width}}{head}",
     ]
     for lane, data in predictor["lanes"].items():
         share = data["would_have_made_share"]
         made = f"{data['would_have_made']} ({fmt_share(share)})" if share is not None else "-"
         near = data.get("would_have_waited_share_p50")
+        before, name = _cell(lane, width, "  ")
+        out += before
         out.append(
-            f"  {lane[:23]:<24}{data['admitted_with_prediction']:>6}"
+            f"  {name}{data['admitted_with_prediction']:>6}"
             f"{_ms_or_dash(data['median_abs_error_ms']):>14}"
             f"{_ms_or_dash(data['p90_abs_error_ms']):>11}"
             f"{data['refused_wait_too_long']:>9}{data['refusals_judged']:>8}{made:>17}"
             f"{'-' if near is None else f'{near:.2f}x':>9}"
         )
-    out += textwrap.wrap(
+    out += _wrapped(
         predictor["rule"] + "; vs limit: the median of the waits the judged refusals would "
         "have had, over their deadline.",
-        width=98,
-        initial_indent="  ",
-        subsequent_indent="  ",
+        "  ",
+        "  ",
     )
     return out
 
@@ -353,15 +407,19 @@ def tenant_lines(tenants: dict[str, Any]) -> list[str]:
             f"TENANTS: {tenants['count']}; tokens = prompt + completion of served requests, "
             "wait = queue_ms"
         ]
-    out.append(
-        f"  {'tenant':<18}{'weight':>7}{'requests':>9}{'served':>8}{'tokens':>11}"
+    head = (
+        f"{'weight':>7}{'requests':>9}{'served':>8}{'tokens':>11}"
         f"{'TTFT p50':>9}{'TTFT p99':>9}{'wait p50':>9}{'wait p99':>9}{'refused':>8}"
     )
     listed = list(table.items())[:TENANTS_LISTED]
+    width = _column((name for name, _ in listed), 18, 2 + len(head))
+    out.append(f"  {'tenant':<{width}}{head}")
     for name, row in listed:
-        weight = "-" if row["weight"] is None else f"{row['weight']:g}"
+        weight = "-" if row["weight"] is None else f"{row['weight']:.4g}"
+        before, cell = _cell(name, width, "  ")
+        out += before
         out.append(
-            f"  {name[:17]:<18}{weight[:6]:>7}{row['requests']:>9}{row['served']:>8}"
+            f"  {cell}{weight:>7}{row['requests']:>9}{row['served']:>8}"
             f"{row['tokens_served']:>11}{fmt_ms(row['ttft_ms']['p50']):>9}"
             f"{fmt_ms(row['ttft_ms']['p99']):>9}{fmt_ms(row['queue_ms']['p50']):>9}"
             f"{fmt_ms(row['queue_ms']['p99']):>9}{sum(row['refusals'].values()):>8}"
@@ -374,12 +432,7 @@ def tenant_lines(tenants: dict[str, Any]) -> list[str]:
         if row["refusals"]
     )
     if refused:
-        out += textwrap.wrap(
-            "refused by code: " + refused,
-            width=98,
-            initial_indent="  ",
-            subsequent_indent="    ",
-        )
+        out += _wrapped("refused by code: " + refused, "  ", "    ")
     if tenants["count"] <= 1:
         return out
     return out + ["", *fairness_lines(tenants)]
@@ -395,39 +448,37 @@ def fairness_lines(tenants: dict[str, Any]) -> list[str]:
     if not fairness["lanes"]:
         out.append("  no lane had requests of two tenants queued: nothing to compare")
         return out
-    out.append(
-        f"  {'lane':<18}{'tenants':>8}{'windows':>8}{'one':>9}{'min J':>8}{'median J':>9}"
+    head = (
+        f"{'tenants':>8}{'windows':>8}{'one':>9}{'min J':>8}{'median J':>9}"
         f"{'max gap':>11}{'bound 2U':>11}{'in flight':>11}"
     )
+    width = _column(fairness["lanes"], 18, 2 + len(head))
+    out.append(f"  {'lane':<{width}}{head}")
     for lane, data in fairness["lanes"].items():
         gap = data["gap"] or {}
+        before, cell = _cell(lane, width, "  ")
+        out += before
         out.append(
-            f"  {lane[:17]:<18}{data['tenants']:>8}{data['windows']:>8}"
+            f"  {cell}{data['tenants']:>8}{data['windows']:>8}"
             f"{data['windows_one_tenant']:>9}{_index(data['min_jain']):>8}"
             f"{_index(data['median_jain']):>9}{_tokens(gap.get('max_gap')):>11}"
             f"{_tokens(gap.get('bound')):>11}{_tokens(gap.get('in_flight_max')):>11}"
         )
         if gap:
-            pair = " vs ".join(name[:24] for name in gap["pair"])
-            out += textwrap.wrap(
+            pair = " vs ".join(gap["pair"])
+            out += _wrapped(
                 f"largest gap {pair}, {gap['start'][11:23]} → {gap['end'][11:23]}: "
                 f"{GAP_VERDICT_TEXT[gap['verdict']]}; {gap['intervals_over_bound']} of "
-                f"{gap['pair_intervals']} co-backlogged interval(s) over 2·U",
-                width=98,
-                initial_indent="    ",
-                subsequent_indent="      ",
+                f"{gap['pair_intervals']} co-backlogged interval(s) over 2·U"
             )
         worst = data["worst_window"]
         if worst and worst["jain"] < 1:
             shares = sorted(worst["weighted_service"].items(), key=lambda item: -item[1])
-            listed = ", ".join(f"{name[:20]} {_tokens(x)}" for name, x in shares[:6])
+            listed = ", ".join(f"{name} {_tokens(x)}" for name, x in shares[:6])
             more = f" and {len(shares) - 6} more" if len(shares) > 6 else ""
-            out += textwrap.wrap(
+            out += _wrapped(
                 f"least fair window from {worst['start'][11:23]}: J {_index(worst['jain'])}, "
-                f"weighted service {listed}{more}",
-                width=98,
-                initial_indent="    ",
-                subsequent_indent="      ",
+                f"weighted service {listed}{more}"
             )
         if data["backlogged_unserved"]:
             out.append(
@@ -440,13 +491,12 @@ def fairness_lines(tenants: dict[str, Any]) -> list[str]:
             f"median J {_index(fairness['median_jain'])} (1.0 = served exactly by weight)"
         )
     out += _wrapped(cost_source_text(tenants["cost_source"]), indent="  ", more="    ")
-    out += textwrap.wrap(
+    out += _wrapped(
         "windows: those counted; one: those with a single tenant backlogged and served (not "
         "counted); gap, bound and in flight are in weighted tokens. "
         f"{fairness['rule']}. {fairness['gap_rule']}.",
-        width=98,
-        initial_indent="  ",
-        subsequent_indent="  ",
+        "  ",
+        "  ",
     )
     return out
 
@@ -544,14 +594,18 @@ def retry_lines(retries: dict[str, Any]) -> list[str]:
             f"  beyond the seed's {MAX_RETRIES} retries of one request: "
             f"{retries['over_max_retries']}"
         )
-    out.append(
-        f"  {'client':<24}{'requests':>9}{'retries':>8}{'share':>7}{'told':>6}{'faster':>7}"
+    head = (
+        f"{'requests':>9}{'retries':>8}{'share':>7}{'told':>6}{'faster':>7}"
         f"{'median gap':>11}{'chain':>6}{'refused':>8}"
     )
     rows = [(n, row) for n, row in clients.items() if row["retries"]][:RETRY_CLIENTS_LISTED]
+    width = _column((name for name, _ in rows), 24, 2 + len(head))
+    out.append(f"  {'client':<{width}}{head}")
     for name, row in rows:
+        before, cell = _cell(name, width, "  ")
+        out += before
         out.append(
-            f"  {name[:23]:<24}{row['requests']:>9}{row['retries']:>8}"
+            f"  {cell}{row['requests']:>9}{row['retries']:>8}"
             f"{fmt_share(row['share']):>7}{row['told']:>6}{row['faster_than_told']:>7}"
             f"{_ms_or_dash(row['median_gap_ms']):>11}{row['longest_chain']:>6}"
             f"{row['refused']:>8}"
@@ -559,12 +613,11 @@ def retry_lines(retries: dict[str, Any]) -> list[str]:
     rest = sum(1 for row in clients.values() if row["retries"]) - len(rows)
     if rest > 0:
         out.append(f"  ... and {rest} more client(s) that retried (all of them in --json)")
-    out += textwrap.wrap(
+    out += _wrapped(
         "told: retries of a refusal that carried a Retry-After; chain: the most retries of one "
         f"request. {retries['rule']}.",
-        width=98,
-        initial_indent="  ",
-        subsequent_indent="  ",
+        "  ",
+        "  ",
     )
     return out
 

@@ -334,3 +334,43 @@ def storm_log() -> list[dict[str, Any]]:
             )
             lines.append(line)
     return sorted(lines, key=lambda line: line["timestamp"])
+
+
+# ----------------------------------------------------------------------------- prefill interference
+
+
+def prefill_interference_log() -> list[dict[str, Any]]:
+    """A chunked-prefill engine that is never full (at most 9 in flight): every 2 s a
+    3000-token prompt of the batch lane prefills for 0.6 s, and the interactive prompts
+    sent meanwhile wait out its chunks in the engine's queue (`engine_queue_ms`).
+
+    The interactive lane's tail is engine-queue time, but not for a place in the batch:
+    fewer slots would cut the engine's throughput and not that wait (#51). `at` is a
+    request's arrival in seconds after ORIGIN_S.
+    """
+
+    def line(
+        lane: str, at: float, tokens: int, waited_s: float, prefill_s: float
+    ) -> dict[str, Any]:
+        decode_s = 5.4 if lane == "batch" else 0.38
+        backend = (waited_s + prefill_s) * 1000.0
+        e2e = 0.9 + backend + decode_s * 1000.0  # 0.4 ms queued, 0.5 ms admission
+        out = rec(lane, queue=0.4, backend=backend, e2e=e2e, end=_stamp(at + e2e / 1000.0))
+        out.update(
+            prompt_tokens=tokens,
+            engine_queue_ms=round(waited_s * 1000.0, 3),
+            prefill_ms=prefill_s * 1000.0,
+            decode_ms=decode_s * 1000.0,
+            tpot_ms=12.0,
+            timing_source="engine",
+        )
+        return out
+
+    lines = []
+    for second in range(0, 40, 2):
+        lines.append(line("batch", second, 3000, 0.0, 0.6))
+        for k in range(1, 5):  # sent 0.1-0.4 s into the long prefill: seated when it ends
+            lines.append(line("interactive", second + 0.1 * k, 50, 0.5 - 0.1 * (k - 1), 0.02))
+        for k in range(6):  # sent after it: seated at once
+            lines.append(line("interactive", second + 0.8 + 0.15 * k, 50, 0.0, 0.02))
+    return lines

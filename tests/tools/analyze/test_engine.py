@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from gateway.tools.analyze import analyze, format_report
-from gateway.tools.analyze.analyzer import TWO_PART_NOTE
+from gateway.tools.analyze.analyzer import ENGINE_QUEUE_TEXT, TWO_PART_NOTE
 from gateway.tools.analyze.engine import (
     ENGINE_FIELDS,
+    ENGINE_QUEUE_CAUSES,
     _slots,
     backend_slots,
     engine_parts,
@@ -20,7 +21,7 @@ from gateway.tools.analyze.engine import (
     four_part_verdict,
     queued_in_engine,
 )
-from tests.tools.analyze.support import bursts, engine_run
+from tests.tools.analyze.support import bursts, engine_run, prefill_interference_log
 
 #: Twenty bursts of eight requests 50 ms apart, one every 3 s: the engine has 4 seats.
 BURSTS = bursts(20, 8, every_s=3.0, spacing_s=0.05)
@@ -46,8 +47,10 @@ def test_a_tail_waiting_in_the_engine_gets_the_max_concurrency_it_batches() -> N
             "advised_max_concurrency": 4,
             "basis": "none queued in the engine at ≤ 4 in flight, queued from 5",
             "note": None,
+            "cause": "batch",
         }
     ]
+    assert tail["engine_queue_cause"] == analysis["backends"]["b0"]["engine_queue_cause"] == "batch"
     assert tail["verdict_text"] == (
         "engine-queue-bound → the backend has more slots than it batches: lower "
         "max_concurrency (b0: 8 → 4)"
@@ -274,10 +277,46 @@ def test_a_wait_behind_a_long_prefill_is_prefill_interference_not_too_many_slots
     slots = _slots(chunked_engine_spans(with_long_prompts=True))
     assert slots["advised_max_concurrency"] is None
     assert slots["behind_prefill"] == 80
-    assert "prefill interference" in slots["note"]
+    assert "prefill interference" in slots["note"] and slots["engine_queue_cause"] == "prefill"
     # The same waits with no long prompt in prefill: a queue for a batch place.
     slots = _slots(chunked_engine_spans(with_long_prompts=False))
     assert slots["behind_prefill"] == 0 and slots["first_queued_in_flight"] is not None
+
+
+def test_a_tail_behind_long_prefills_gets_one_advice_and_it_is_not_fewer_slots() -> None:
+    """#51: the headline said "engine-queue-bound → lower max_concurrency" above the
+    backend's line saying "prefill interference, not too many slots". Both now come from
+    one decision: the backend's reading of why its engine queued."""
+    analysis = analyze(prefill_interference_log())
+    backend = analysis["backends"]["b0"]
+    assert backend["engine_queue_cause"] == "prefill" and backend["behind_prefill"] == 80
+    assert backend["advised_max_concurrency"] is None
+    tail = analysis["lanes"]["interactive"]["tail"]
+    assert tail["verdict"] == "engine_queue"  # where the time went: the engine's queue ...
+    assert tail["engine_queue_cause"] == "prefill"  # ... and why: not the slots
+    [advice] = tail["engine_queue_advice"]
+    assert advice["cause"] == "prefill" and advice["note"] == backend["note"]
+    assert tail["verdict_text"] == ENGINE_QUEUE_TEXT["prefill"]
+
+    report = format_report(analysis)
+    assert max(len(line) for line in report.splitlines()) <= 100
+    prose = " ".join(report.split())
+    assert "lower max_concurrency" not in prose and "set its max_concurrency" not in prose
+    headline = (
+        "interactive: engine-queue-bound behind other prompts' prefill → prefill interference, "
+        "not too many slots: keep max_concurrency"
+    )
+    detail = "b0: up to 9 in flight when requests were sent; no figure: 80 requests waited"
+    assert headline in prose and detail in prose
+    assert prose.index(headline) < prose.index(detail)
+    assert "prefill interference, not too many slots" in prose[prose.index(detail) :]
+
+
+def test_only_a_queue_for_a_batch_place_asks_for_fewer_slots() -> None:
+    """Every cause of an engine queue has its headline, and only one of them lowers the slots."""
+    assert set(ENGINE_QUEUE_TEXT) == set(ENGINE_QUEUE_CAUSES)
+    lowering = [c for c, text in ENGINE_QUEUE_TEXT.items() if "lower max_concurrency" in text]
+    assert lowering == ["batch"]
 
 
 def test_a_burst_that_waits_a_few_steps_in_an_idle_engine_is_not_a_full_batch() -> None:
@@ -296,3 +335,4 @@ def test_a_burst_that_waits_a_few_steps_in_an_idle_engine_is_not_a_full_batch() 
     assert slots["first_queued_in_flight"] is None and slots["advised_max_concurrency"] is None
     assert slots["no_seat_freed"] == 14
     assert "while none there ended" in slots["note"]
+    assert slots["engine_queue_cause"] == "steps"

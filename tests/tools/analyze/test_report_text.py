@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from gateway.outcomes import Outcome
 from gateway.tools.analyze import (
     analyze,
     format_report,
@@ -97,3 +98,37 @@ def test_text_report_says_when_service_is_counted_without_cost_tokens() -> None:
         "service counted from uncached prompt + completion tokens (lines without cost_tokens; "
         "output weight taken as 1), 22 request(s)"
     ) in " ".join(report.split())
+
+
+def test_names_are_never_cut_to_fit_a_column() -> None:
+    """#51: an outcome column showed `rejected_max_tokens_too_larg`. A name as long as the
+    longest outcome the gateway writes widens its column; a longer one (another writer's,
+    a long lane or tenant) gets a line of its own, its row below it with the figures under
+    their headers; either way the name is whole and the report fits 100 columns."""
+    longest = max((outcome.value for outcome in Outcome), key=len)
+    odd = "rejected_by_a_proxy_in_front_of_the_gateway_for_reasons_of_its_own"
+    lane = "interactive-for-the-customer-support-assistants"
+    tenant = "team-customer-support-assistants"
+    records = [rec(lane, tenant=tenant) for _ in range(5)]
+    for outcome in ("rejected_max_tokens_too_large", longest, odd):
+        records.append(rec(lane, outcome, queue=None, backend=None, tenant=tenant))
+    report = format_report(analyze(records))
+    lines = report.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert f"\n  {lane}: no verdict" in report  # the VERDICT line names the lane whole too
+    # LATENCY: the column widened for the gateway's own outcomes, the odd one above its row.
+    assert re.search(r"\n    rejected_max_tokens_too_large +1  e2e_ms +1 ", report)
+    assert re.search(rf"\n    {longest} +1  e2e_ms +1 ", report)
+    assert f"\n    {odd}\n" in report
+    header = next(line for line in lines if line.lstrip().startswith("lane / outcome"))
+    row = lines[lines.index(f"    {odd}") + 1]
+    assert re.fullmatch(r" +1  e2e_ms +1 +\S+ +\S+ +\S+", row) and len(row) == len(header)
+    # REJECTIONS: the lane on a line of its own, then each reason whole beside its counts.
+    rejections = report[report.index("REJECTIONS") : report.index("TENANTS")]
+    assert f"\n  {lane}\n" in rejections
+    assert re.search(r"\n +rejected_max_tokens_too_large +1 +8 +12\.5%\n", rejections)
+    assert re.search(rf"\n +{longest} +1 +8 +12\.5%\n", rejections)
+    assert f"{odd}\n" in rejections
+    # TENANTS: the tenant whole, its figures below under the headers.
+    assert f"\n  {tenant}\n" in report
+    assert "_too_larg " not in report and "_too_larg\n" not in report
