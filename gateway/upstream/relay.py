@@ -527,8 +527,16 @@ async def _relay_stream(
         # Writing to a client that has gone, before aiohttp cancelled this handler.
         # (aiohttp's ClientConnectionResetError is one too: check it first.)
         record.outcome = Outcome.CLIENT_DISCONNECTED
-        record.completion_tokens = watcher.completion_tokens
+        record.completion_tokens = watcher.relayed_tokens
         return client_response
+    except asyncio.CancelledError:
+        # aiohttp cancels the handler of a client that went away (`handler_cancellation`):
+        # the engine's usage chunk never comes, so what it was relayed is counted. Before
+        # the backend's first byte nothing was: the count stays unknown. (The watchdog's
+        # own cancels, `expired`, are answered in `relay`.)
+        if watchdog.expired is None and watchdog.streaming:
+            record.completion_tokens = watcher.relayed_tokens
+        raise
     except aiohttp.ClientError as exc:
         if not watchdog.streaming:  # before the first byte: safe to retry elsewhere
             raise _unreachable(plan.backend, exc) from None

@@ -12,9 +12,11 @@ Hot path: once the first token has passed, the complete events of a chunk
 (cut at the last event boundary with one `rfind`) are forwarded as they are
 after a few substring checks; only the events from the first one that may hold
 the usage or an error are split and read (a fast backend's last buffer holds
-hundreds of token events before its usage chunk). Every step is linear in the
-chunk: a slow client makes aiohttp hand over big buffers, and a quadratic scan
-there would make it slower still. Events that are read are decoded with
+hundreds of token events before its usage chunk). The token events forwarded
+unread are counted (one `count` of their `data:` lines): a stream cut short
+before its usage chunk (a client gone) still tells the tokens it relayed. Every
+step is linear in the chunk: a slow client makes aiohttp hand over big buffers,
+and a quadratic scan there would make it slower still. Events that are read are decoded with
 msgspec, several times faster than `json` on these small objects.
 """
 
@@ -26,6 +28,12 @@ from typing import Any
 import msgspec
 
 USAGE_MARKER = b'"usage"'
+#: A choice's last event says why it finished, and may hold no token (llama.cpp's): it is
+#: read, not counted as one.
+FINISH_MARKER = b'"finish_reason":"'
+#: How far back from the usage (or the chunk's end) a finish event is looked for: it is
+#: the last token event (n = 1), followed at most by [DONE] or the usage event's head.
+FINISH_WINDOW = 1024
 #: A JSON key "error" (inside string values quotes are escaped, so text cannot match).
 ERROR_MARKER = b'"error"'
 DONE_PAYLOAD = b"[DONE]"
@@ -85,27 +93,34 @@ def event_data(event: bytes) -> bytes | None:
     return payload
 
 
-def has_content(chunk: Any) -> bool:
-    """True when an OpenAI stream chunk carries generated output (not just a role)."""
+def output_choices(chunk: Any) -> int:
+    """The choices of an OpenAI stream chunk that carry generated output: one token each
+    (a role chunk, a finish without text and the usage chunk carry none)."""
     if not isinstance(chunk, dict):
-        return False
+        return 0
     choices = chunk.get("choices")
     if not isinstance(choices, list):
-        return False
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        if choice.get("text"):
-            return True
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and (
-            delta.get("content")
-            or delta.get("tool_calls")
-            or delta.get("reasoning_content")
-            or delta.get("function_call")
-        ):
-            return True
-    return False
+        return 0
+    return sum(1 for choice in choices if isinstance(choice, dict) and _has_output(choice))
+
+
+def _has_output(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta")
+    return isinstance(delta, dict) and bool(
+        delta.get("content")
+        or delta.get("tool_calls")
+        or delta.get("reasoning_content")
+        or delta.get("function_call")
+    )
+
+
+def data_lines(data: bytes, end: int) -> int:
+    """The `data:` lines of `data[:end]` (whole events from its start): one per event from
+    an OpenAI or TGI server. At a line's start only: a string in JSON holds no raw line
+    break, so an answer's own text ("data: ...") is never counted."""
+    return data.count(b"\ndata:", 0, end) + data.startswith(b"data:", 0, end)
 
 
 class StreamWatcher:
@@ -207,12 +222,34 @@ class StreamWatcher:
             self._inspect(rest)
         return rest
 
+    @property
+    def relayed_tokens(self) -> int:
+        """The answer's tokens in the events fed so far, for a stream cut short (a client
+        gone mid-stream): the engine's own count when it came, else the token events
+        counted as they passed. (TGI's watcher counts those into `completion_tokens`.)"""
+        return 0 if self.completion_tokens is None else self.completion_tokens
+
 
 class OpenAIStreamWatcher(StreamWatcher):
     """OpenAI chunks: first content token, final usage, [DONE]; drops the usage chunk
-    the gateway asked for when the client did not."""
+    the gateway asked for when the client did not.
 
-    __slots__ = ()
+    `tokens` counts the token events relayed, one token each as `seam.py` and TGI's
+    watcher count them (vLLM, SGLang and llama.cpp stream a token an event): the usage
+    chunk comes last, and a stream cut short before it (a client gone) has only this.
+    """
+
+    __slots__ = ("tokens",)
+
+    def __init__(self, *, strip_usage: bool = False) -> None:
+        super().__init__(strip_usage=strip_usage)
+        #: Token events fed so far: unread ones one each, read ones by their output choices.
+        self.tokens = 0
+
+    @property
+    def relayed_tokens(self) -> int:
+        """The usage's `completion_tokens` when it came, else the token events counted."""
+        return self.tokens if self.completion_tokens is None else self.completion_tokens
 
     def _read_from(self, chunk: bytes) -> int:
         marker = chunk.find(USAGE_MARKER)
@@ -220,12 +257,20 @@ class OpenAIStreamWatcher(StreamWatcher):
         if error >= 0 and (marker < 0 or error < marker):
             marker = error
         boring = chunk if marker < 0 else chunk[:marker]
+        finish = boring.find(FINISH_MARKER, -FINISH_WINDOW)
+        if finish >= 0:
+            marker, boring = finish, boring[:finish]
+        start = len(chunk) if marker < 0 else complete_length(boring)
+        # The events before the one holding a marker are token events: counted, not read.
+        events = data_lines(chunk, start)
         # [DONE] is a stream's last event: looked for at the end of the chunk only.
         last = boring[-DONE_WINDOW:]
         if not self.done and DONE_PAYLOAD in last:
             self.done = any(event_data(e) == DONE_PAYLOAD for e in split_events(last))
-        # The events before the one holding the marker are token events: not read.
-        return len(chunk) if marker < 0 else complete_length(boring)
+            if self.done:
+                events -= 1  # [DONE] is no token
+        self.tokens += events
+        return start
 
     def _inspect(self, event: bytes) -> bool:
         """Note what the event tells; False when it must not reach the client."""
@@ -238,12 +283,19 @@ class OpenAIStreamWatcher(StreamWatcher):
             self.done = True
             return True
         has_usage = USAGE_MARKER in payload
-        if self.first_token_seen and not has_usage and ERROR_MARKER not in payload:
+        if (
+            self.first_token_seen
+            and not has_usage
+            and ERROR_MARKER not in payload
+            and FINISH_MARKER not in payload
+        ):
+            self.tokens += 1  # a token event, as in `_read_from`
             return True
         chunk = _json(payload)
         if not isinstance(chunk, dict):  # not ours to judge: forward it unchanged
             return True
-        if not self.first_token_seen and has_content(chunk):
+        output = output_choices(chunk)
+        if output and not self.first_token_seen:
             self.first_token_seen = True
         if "error" in chunk:
             self.backend_error = True
@@ -263,6 +315,7 @@ class OpenAIStreamWatcher(StreamWatcher):
             self.cached_tokens = cached_tokens_of(usage)
             if self.strip_usage and chunk.get("choices") == []:
                 return False
+        self.tokens += output
         return True
 
 
