@@ -222,6 +222,7 @@ def build_pool(
         capacities=slots,
     )
     pool.on_available = scheduler.notify_capacity
+    pool.events = events
     health = HealthMonitor(pool, settings.health, events)
     # Its own prompt sizes: another model's long prompts say nothing of this engine floor.
     sizer = BackendSizer(settings, pool, scheduler, events, PromptSizes(), pool_name=name)

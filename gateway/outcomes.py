@@ -24,6 +24,10 @@ class Outcome(StrEnum):
     OK = "ok"
     CLIENT_DISCONNECTED = "client_disconnected"
     QUEUE_TIMEOUT = "queue_timeout"
+    #: Timed out in the queue after keep-alive comments had started its stream: the client
+    #: already had a 200, and gets the 503 as the stream's last event. A broken promise
+    #: (it was admitted to wait), counted apart from the refusals a client can act on.
+    QUEUE_TIMEOUT_IN_STREAM = "queue_timeout_in_stream"
     NO_BACKEND = "no_backend"
     BACKEND_ERROR = "backend_error"
     #: The backend refused the request itself (a 4xx): the client's problem, not the server's.

@@ -357,6 +357,8 @@ async def settled(
     response = await early.settle(answer, in_band)
     if response is not answer:
         record.status = 200
+        if record.outcome is Outcome.QUEUE_TIMEOUT:
+            record.outcome = Outcome.QUEUE_TIMEOUT_IN_STREAM
     return response
 
 

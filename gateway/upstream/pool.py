@@ -494,6 +494,10 @@ class BackendPool:
         self.on_give_back: Callable[[Slot], None] | None = None
         #: Each LoRA adapter's last backend, so its requests stay together.
         self._adapter_home: dict[str, str] = {}
+        #: Where a backend's ejection, failed check and return are said (None: nowhere):
+        #: on call, the moment a backend leaves or rejoins is what the timeline needs,
+        #: not only the `gateway_backend_available` gauge.
+        self.events: Any = None
 
     def set_members(
         self, backends: list[Backend], lane_backends: Mapping[str, Collection[str] | None]
@@ -981,8 +985,21 @@ class BackendPool:
         backend.ejected_until = self.clock() + cooldown
         # Failing: it may be restarting, and a restarted engine has lost its cache.
         backend.prefixes.clear()
-        # Serve the queues again when the cooldown ends (a no-op if still unhealthy).
-        asyncio.get_running_loop().call_later(cooldown, self.on_available)
+        if self.events is not None:
+            self.events.warning(
+                "backend_ejected",
+                backend=backend.name,
+                failures=self.health.failures_to_eject,
+                cooldown_s=cooldown,
+                ejections=backend.ejections,
+            )
+
+        def cooled_down() -> None:
+            if self.events is not None and backend.available(self.clock()):
+                self.events.info("backend_back", backend=backend.name, after="ejection")
+            self.on_available()  # serve the queues again (a no-op if still unhealthy)
+
+        asyncio.get_running_loop().call_later(cooldown, cooled_down)
 
     def drain(self, backend: Backend, deadline_s: float) -> asyncio.TimerHandle:
         """No new request for `backend`; at `deadline_s` its streams still running are
@@ -1009,6 +1026,11 @@ class BackendPool:
             backend.draining = False
         if not healthy:
             backend.prefixes.clear()  # down (maybe restarting): its cache is gone
+        if self.events is not None and healthy != backend.healthy:
+            if healthy:
+                self.events.info("backend_back", backend=backend.name, after="health_check")
+            else:
+                self.events.warning("backend_unhealthy", backend=backend.name, check=self.health.path)
         backend.healthy = healthy
         if came_back:
             self.on_available()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -67,7 +68,10 @@ async def test_load_is_spread_in_proportion_to_capacity(
 
 
 async def test_a_killed_backend_is_ejected_and_no_unstarted_request_is_lost(
-    start_simulator_at: StartSimulator, start_gateway: StartGateway, http: aiohttp.ClientSession
+    start_simulator_at: StartSimulator,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     survivor = await start_simulator_at()
     runner, port = await start_simulator(SimulatorConfig())
@@ -96,6 +100,10 @@ async def test_a_killed_backend_is_ejected_and_no_unstarted_request_is_lost(
     victim_backend = gateway.state.pool.backends[0]
     took = await eventually(lambda: not victim_backend.available(gateway.state.pool.clock()))
     assert took < 3
+    # Said in the log at the moment it happened, not only in the availability gauge.
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    ejected = [line for line in events if line.get("event") == "backend_ejected"]
+    assert ejected and (ejected[0]["backend"], ejected[0]["cooldown_s"]) == ("b0", 30.0)
     # Every request that had not started streaming was served by the survivor
     # (retried) — the only failures allowed are streams cut mid-way (200 + SSE error).
     for status, body in results:

@@ -217,12 +217,15 @@ async def test_a_queue_timeout_after_the_headers_is_an_error_event(
     last = sse_events(raw)[-1]
     assert last["error"]["code"] == "queue_timeout", raw[-300:]
     line = gateway.request_lines()[-1]
+    # A broken promise, an outcome of its own (the client's 200 stream ended in it).
     assert (line["status"], line["outcome"], line["error_code"]) == (
         200,
-        "queue_timeout",
+        "queue_timeout_in_stream",
         "queue_timeout",
     )
     assert line["retry_after_s"] >= 1
+    metrics = await (await http.get(gateway.url + "/metrics")).text()
+    assert 'outcome="queue_timeout_in_stream",status="200"} 1.0' in metrics
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
     await helpers.assert_nothing_left(gateway, before)

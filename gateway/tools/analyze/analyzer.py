@@ -39,6 +39,7 @@ from gateway.tools.analyze.engine import (
 )
 from gateway.tools.analyze.fields import (
     NO_LANE,
+    QUEUE_TIMEOUTS,
     Record,
     arrival_s,
     end_s,
@@ -537,7 +538,7 @@ def _is_admitted(record: Record) -> bool:
     """Entered the queue and left it dispatched, or timed out in it: its queue_ms is a wait."""
     if number(record, "queue_ms") is None:
         return False
-    return record.get("status") == 200 or outcome_of(record) == "queue_timeout"
+    return record.get("status") == 200 or outcome_of(record) in QUEUE_TIMEOUTS
 
 
 def _is_wait_refusal(record: Record) -> bool:

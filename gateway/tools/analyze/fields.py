@@ -78,10 +78,16 @@ def dispatched_s(record: Record) -> float | None:
     return None if queue is None else arrival + queue / 1000.0
 
 
+#: The outcomes of a request that timed out in the queue: answered 503, or, when keep-alive
+#: comments had started its stream, as the 200 stream's last event (older logs said
+#: `queue_timeout` for both).
+QUEUE_TIMEOUTS = frozenset({"queue_timeout", "queue_timeout_in_stream"})
+
+
 def was_served(record: Record) -> bool:
     """Left the queue for a backend: a 200, unless the 200 was a stream already started
     (keep-alive comments) that then ended in the queue with a timeout."""
-    return record.get("status") == 200 and outcome_of(record) != "queue_timeout"
+    return record.get("status") == 200 and outcome_of(record) not in QUEUE_TIMEOUTS
 
 
 def iso_utc(epoch_s: float) -> str:

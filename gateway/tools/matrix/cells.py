@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from gateway.config import BackendSettings, Settings, load_settings
+from gateway.outcomes import QueueTimeout
 from gateway.scheduling.fitting import fitted_deadline_s
 from gateway.tools.matrix.engines import BY_NAME, EngineProfile
 from gateway.tools.matrix.physics import capacity_rps, engine_floor_s, floor_prompts
@@ -96,6 +97,9 @@ class Figures:
     longs: int = 0
     short_refused: int = 0
     long_refused: int = 0
+    #: Of those refused, the ones admitted to the queue that then timed out in it: a
+    #: broken promise (refused at arrival is the gateway's answer; this is its failure).
+    admitted_timed_out: int = 0
     short_p99_by_seed: list[float | None] = field(default_factory=list)
     #: Retry-After of the refused short requests, and when the lane would really have
     #: taken them (seconds after the refusal: the first short arrival admitted after it).
@@ -219,6 +223,7 @@ def _figures(results: Sequence[Result], short: str, by_seed: list[float | None])
         longs=len(longs),
         short_refused=sum(1 for r in shorts if r.refused is not None),
         long_refused=sum(1 for r in longs if r.refused is not None),
+        admitted_timed_out=sum(1 for r in results if r.refused == QueueTimeout.code),
         short_p99_by_seed=by_seed,
     )
     for index, refused in enumerate(shorts):

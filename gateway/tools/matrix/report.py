@@ -54,6 +54,7 @@ def row(cell: dict[str, Any]) -> list[str]:
         _s(gateway["long_p99_s"]),
         _s(ideal["long_p99_s"]),
         f"{gateway['long_refused']}/{gateway['longs']}",
+        str(gateway.get("admitted_timed_out", "-")),
         "ok" if not failed else "MISS: " + "; ".join(failed),
     ]
 
@@ -72,6 +73,7 @@ HEADER = [
     "gateway",
     "ideal",
     "longs refused",
+    "admitted, then timed out",
     "promises",
 ]
 
@@ -100,7 +102,8 @@ FOOTNOTE = (
     "`†N%`: the ideal scheduler gives N% of the short requests their first token later "
     "than the lane's deadline (the gateway's own fit: "
     f"{DEADLINE_OVER_FLOOR:g}x the floor, at least the configured one), so the cell may "
-    "refuse up to that share."
+    "refuse up to that share. \"admitted, then timed out\": requests (short or long) "
+    "the gateway queued that then got 503 queue_timeout, counted in the refusals too."
 )
 
 
