@@ -70,6 +70,7 @@ queue_timeout_s = 90
 max_queue_depth = 8
 promote_after_s = 40
 reject_predicted_wait = false
+fit_timeout_to_engine = true
 
 [[api_keys]]
 name = "web"
@@ -222,8 +223,10 @@ def test_every_lane_of_a_custom_config_appears_in_order_with_its_bounds(
     deadlines = table_under(page, "## Deadlines and timeouts", "lane")
     assert [unquoted(row["lane"]) for row in deadlines] == ["chat", "rag|docs", "batch"]
     assert [row["configured queue deadline"] for row in deadlines] == ["2.5 s", "12 s", "90 s"]
-    assert deadlines[0]["fitted to the engine"].startswith("yes")
-    assert deadlines[1]["fitted to the engine"] == "no"
+    # A written deadline is exact, unless fitting is written too (batch's).
+    assert deadlines[0]["fitted to the engine"].startswith("no: exact")
+    assert deadlines[1]["fitted to the engine"].startswith("no: exact")
+    assert deadlines[2]["fitted to the engine"].startswith("yes")
     assert "503 `queue_timeout`" in deadlines[2]["refused at arrival"]
 
 

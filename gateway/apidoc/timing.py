@@ -15,6 +15,7 @@ from gateway.http.keepalive import QUEUED, WAITING, queue_time_comment
 from gateway.scheduling.fitting import DEADLINE_OVER_FLOOR
 from gateway.scheduling.scheduler import REFUSE_AT_DEADLINE_SHARE, SHED_LOWER_AT
 from gateway.upstream.relay import STREAM_HEADERS
+from gateway.upstream.sizing import UNLEARNED_DEADLINE_S
 
 
 def deadlines_section(settings: Settings) -> list[str]:
@@ -23,12 +24,14 @@ def deadlines_section(settings: Settings) -> list[str]:
     rows = []
     for lane in settings.lanes:
         fitted = (
-            f"yes: raised to {DEADLINE_OVER_FLOOR:g} × the engine floor when that is longer"
+            f"yes: raised to {DEADLINE_OVER_FLOOR:g} × the engine floor when that is longer, "
+            f"and {UNLEARNED_DEADLINE_S:g} s while the engine is unmeasured"
             if lane.fit_timeout_to_engine
-            else "no"
+            else "no: exact, as configured"
         )
         refused = (
-            f"yes: 429 `wait_too_long` when the predicted wait is over {share} of the deadline"
+            f"yes: 429 `wait_too_long` when the predicted wait is over {share} of the "
+            "deadline, or the prompts in prefill ahead of it alone outlast it"
             if lane.reject_predicted_wait
             else "no: it waits, and gets 503 `queue_timeout` at the deadline"
         )
@@ -65,10 +68,10 @@ def deadlines_section(settings: Settings) -> list[str]:
             rows,
         ),
         "",
-        "*Fitted to the engine*: at start and as it learns, the gateway measures how long "
-        "its backends take to prefill (the engine floor: one long prompt ahead of you plus "
-        "your own). A deadline below that floor would only refuse requests the backend "
-        "would serve a moment later, so a lane that allows it has its deadline raised; the "
+        "*Fitted to the engine*: a deadline the operator wrote is exact. One left unset "
+        "(the built-in lanes') adapts: at start and as it learns, the gateway measures how "
+        "long its backends take to prefill (the engine floor: one long prompt ahead of you "
+        "plus your own), and raises the deadline where that floor would not fit in it; the "
         "figures above are the configured ones, and a `queue_timeout` message names the "
         "deadline that applied.",
         "",

@@ -275,6 +275,17 @@ class BackendSizer:
         )
         self.limits_in_force = self.limits()
         self._in_force.clear()
+        configured, in_force = self.settings.limits, self.limits_in_force
+        if in_force.max_prompt_tokens < configured.max_prompt_tokens:
+            self.events.warning(
+                "limit_tightened_to_backend",
+                key="limits.max_prompt_tokens",
+                configured=configured.max_prompt_tokens,
+                in_force=in_force.max_prompt_tokens,
+                backend=backend.name,
+                hint="a backend accepts no longer prompt: longer ones get 413 at the door "
+                "instead of the backend's 400",
+            )
 
     def in_force(self, configured: LimitsSettings) -> LimitsSettings:
         """A model's configured caps tightened by what this pool's backends accept

@@ -40,6 +40,10 @@ SLOW: dict[str, Any] = {
     "prefill_tokens_per_step": 256,
 }
 ENGINES = {"fast": FAST, "slow": SLOW}
+#: A test that writes [[api_keys]] writes this one as an admin's, for /debug/backends
+#: (without keys the header is ignored).
+ADMIN_KEY = "contract-admin"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 #: Prefill samples that make a rate learned (`scheduling/learning.py` MIN_SAMPLES; the
 #: start-up probe leaves three).
 PROBE_SAMPLES = 3
@@ -125,7 +129,11 @@ async def start_written(
         readers = asyncio.gather(_collect(process.stdout, lines), _collect(process.stderr, lines))
         started.append((process, readers))
         written = Written(f"http://127.0.0.1:{port}", process, lines)
-        await wait_ready(http, written.url, timeout_s=60)
+        try:
+            await wait_ready(http, written.url, timeout_s=60)
+        except AssertionError:
+            said = [line.get("text") or line for line in lines[-5:]]
+            raise AssertionError(f"the gateway did not start: {said}") from None
         return written
 
     async def start(toml: str, knowledge: str) -> Written:
@@ -152,7 +160,7 @@ async def _probed(http: aiohttp.ClientSession, url: str, within_s: float = 60.0)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within_s
     while loop.time() < deadline:
-        async with http.get(url + "/debug/backends") as resp:
+        async with http.get(url + "/debug/backends", headers=ADMIN) as resp:
             backends = (await resp.json())["backends"]
         if all(b["learned"]["prefill_samples"] >= PROBE_SAMPLES for b in backends):
             return
