@@ -1030,7 +1030,9 @@ class BackendPool:
             if healthy:
                 self.events.info("backend_back", backend=backend.name, after="health_check")
             else:
-                self.events.warning("backend_unhealthy", backend=backend.name, check=self.health.path)
+                self.events.warning(
+                    "backend_unhealthy", backend=backend.name, check=self.health.path
+                )
         backend.healthy = healthy
         if came_back:
             self.on_available()

@@ -108,9 +108,7 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 
 @pytest.fixture
-async def start_written(
-    http: aiohttp.ClientSession, tmp_path: Path
-) -> AsyncIterator[StartWritten]:
+async def start_written(http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIterator[StartWritten]:
     started: list[tuple[asyncio.subprocess.Process, asyncio.Future[Any]]] = []
     state = tmp_path / "learned.json"
 

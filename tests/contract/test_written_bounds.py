@@ -11,6 +11,7 @@ fresh, learned or restarted, in front of a fast engine or a slow one.
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 from typing import Any
 
 import aiohttp
@@ -65,7 +66,9 @@ async def test_written_bounds_hold(
     url = gateway.url
 
     # The prompt cap: one token over it is refused at the door, one at it is served.
-    status, body = await post(http, url, chat(prompt_of(PROMPT_CAP + 1), max_tokens=1), "key-free-0")
+    status, body = await post(
+        http, url, chat(prompt_of(PROMPT_CAP + 1), max_tokens=1), "key-free-0"
+    )
     assert (status, body["error"]["code"]) == (413, "prompt_too_long"), body
     at_cap = chat(prompt_of(PROMPT_CAP), max_tokens=1)
     headers = {"Authorization": "Bearer key-free-0"}
@@ -86,7 +89,7 @@ async def test_written_bounds_hold(
     received = (await sim_requests(http, sim))[seen:]
     assert len(received) == 3, received
     ends = sorted((r["arrival"], r.get("end") or 0.0) for r in received)
-    assert all(later[0] >= earlier[1] - 0.05 for earlier, later in zip(ends, ends[1:])), ends
+    assert all(later[0] >= earlier[1] - 0.05 for earlier, later in pairwise(ends)), ends
 
     # The key's quota: its fifth request in the minute is refused.
     answers = [await post(http, url, chat("q", max_tokens=1), "key-limited") for _ in range(5)]

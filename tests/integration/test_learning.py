@@ -75,9 +75,7 @@ async def test_a_slow_engine_is_learned_and_the_short_deadline_is_fitted_with_nu
     assert interactive["engine_floor_s"] > 1
     assert interactive["deadline_s"] == pytest.approx(1.5 * interactive["engine_floor_s"], rel=0.05)
     events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
-    said = [
-        e for e in events if e.get("event") == "lane_in_force" and e["lane"] == "interactive"
-    ]
+    said = [e for e in events if e.get("event") == "lane_in_force" and e["lane"] == "interactive"]
     assert said and said[-1]["deadline_from"] == "fitted"
     assert said[-1]["configured_s"] == 0.5 and said[-1]["engine_floor_s"] > 1
     assert said[-1]["deadline_s"] == pytest.approx(interactive["deadline_s"], rel=0.2)

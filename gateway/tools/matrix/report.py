@@ -102,7 +102,7 @@ FOOTNOTE = (
     "`†N%`: the ideal scheduler gives N% of the short requests their first token later "
     "than the lane's deadline (the gateway's own fit: "
     f"{DEADLINE_OVER_FLOOR:g}x the floor, at least the configured one), so the cell may "
-    "refuse up to that share. \"admitted, then timed out\": requests (short or long) "
+    'refuse up to that share. "admitted, then timed out": requests (short or long) '
     "the gateway queued that then got 503 queue_timeout, counted in the refusals too."
 )
 
