@@ -26,7 +26,11 @@ median over recent requests, so the prediction is calibrated against what
 queueing really cost, promotions, floors and prefill budgets included. Beside
 it, the wait the work in sight makes at least (`known_wait.py`: the prefills in
 flight ahead of it) refuses at once a request that cannot make its deadline
-whatever happens next. A request's deadline is its lane's (exactly as written,
+whatever happens next; and a lower lane's arrival is judged by how fast its own
+line has moved since its backlog began (`own_line_wait_s`): the higher lanes'
+requests that arrive meanwhile go first, which its place in line cannot show,
+so a request admitted there would otherwise time out in the queue. Admitted
+means served. A request's deadline is its lane's (exactly as written,
 or fitted to a slow engine where the operator left it unset) or the client's
 own, whichever is shorter.
 
@@ -409,6 +413,31 @@ class Scheduler:
             ahead += [(w.prompt_tokens, w.hint) for w in lane.queue.order(own)]
         return self._source.known_wait_s(name, ahead[:MAX_AHEAD])
 
+    def own_line_wait_s(self, name: str) -> float | None:
+        """For a lane below others: the wait of a request joining the back of its own
+        line, at the rate its line has been served since its backlog began (None: not a
+        lower lane, no backlog, or one too new to say).
+
+        Its place in line counts only the requests there now, but the higher lanes'
+        requests that arrive while it waits go first too: under their pressure a lower
+        lane is served one promotion at a time (a long answer, then `promote_after_s`),
+        and a request admitted behind two others waits for three of those. The rate its
+        own line moves at already says so; with nothing served in the backlog's time,
+        each place ahead costs at least that time."""
+        lane = self._by_name[name]
+        since = lane.backlog_since
+        if not lane.higher or since is None:
+            return None
+        now = self._now()
+        span = now - since
+        if span < MIN_DRAIN_SPAN_S:
+            return None
+        served = sum(1 for moment in lane.dispatched_at if moment > since)
+        if served == DRAIN_SAMPLES:  # a long backlog: the rate of the latest dispatches
+            span = now - lane.dispatched_at[0]
+        places = len(lane.queue) + 1
+        return places * span / max(1, served)
+
     def _yielding_slots(self, lane: LaneState) -> int | None:
         """The slots `lane` will have once the lanes below it that are giving slots back
         are down to their floors (None: none of them is)."""
@@ -525,8 +554,9 @@ class Scheduler:
         cost = self.cost.of(prompt_tokens, output_tokens)
         predicted = self.predicted_wait_s(name, tenant, weight, cost)
         known = 0.0 if predicted == 0.0 else self.known_wait_s(name, tenant, weight, cost)
+        own_line = None if predicted == 0.0 else self.own_line_wait_s(name)
         if note is not None:
-            note.predicted_wait_s = max(predicted or 0.0, known)
+            note.predicted_wait_s = max(predicted or 0.0, known, own_line or 0.0)
             note.deadline_s = deadline
         self._check_queue_room(lane, tenant, weight)
         pressing = self.pressing_lane(name) if settings.reject_predicted_wait else None
@@ -547,6 +577,23 @@ class Scheduler:
                 f"too close to {whose} {deadline:.3g} s limit.",
                 retry_after_s=self._retry_after(
                     lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s, tenant, weight
+                ),
+            )
+        if (
+            settings.reject_predicted_wait
+            and own_line is not None
+            and own_line > REFUSE_AT_DEADLINE_SHARE * deadline
+        ):
+            raise WaitTooLong(
+                f"The '{name}' lane's line has moved at about {own_line:.1f} s for this "
+                f"request's place while the lanes above it are busy, too close to the "
+                f"{deadline:.3g} s limit.",
+                retry_after_s=max(
+                    1,
+                    min(
+                        MAX_RETRY_AFTER_S,
+                        math.ceil(own_line - REFUSE_AT_DEADLINE_SHARE * deadline),
+                    ),
                 ),
             )
         if settings.reject_predicted_wait and known > deadline:

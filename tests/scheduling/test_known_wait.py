@@ -88,3 +88,28 @@ async def test_with_refusal_at_arrival_off_it_waits_its_deadline() -> None:
     scheduler = Scheduler([lane], {"only": 1}, PrefillingSlots(left_s=7.5), clock=Clock())
     note = await arrive(scheduler)
     assert note.predicted_wait_s == 7.5
+
+
+async def test_a_lower_lane_line_that_moved_too_slowly_refuses_the_next_arrival() -> None:
+    """Admitted means served: a bulk request joining a line that, under the higher lane's
+    pressure, has been served one request in 20 s is refused at arrival, not admitted to
+    time out; the top lane is never judged so."""
+    from tests.scheduling.test_scheduler import make
+
+    clock = Clock()
+    scheduler, _ = make(1, bulk={"queue_timeout_s": 30}, clock=clock)
+    held = await scheduler.acquire("interactive")
+    waiting = [asyncio.create_task(scheduler.acquire("bulk")) for _ in range(2)]
+    await asyncio.sleep(0)
+    clock.advance(20.0)
+    assert scheduler.own_line_wait_s("interactive") is None
+    # Two in line, none served in 20 s: a third waits for at least three of those spans.
+    assert scheduler.own_line_wait_s("bulk") == pytest.approx(3 * 20.0)
+    with pytest.raises(WaitTooLong) as refused:
+        await scheduler.acquire("bulk")
+    assert "line has moved" in refused.value.message
+    assert refused.value.retry_after_s == 60 - 24  # when it would fit in 80% of 30 s
+    scheduler.release(held)
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
