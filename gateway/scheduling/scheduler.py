@@ -582,19 +582,13 @@ class Scheduler:
         if (
             settings.reject_predicted_wait
             and own_line is not None
-            and own_line > REFUSE_AT_DEADLINE_SHARE * deadline
+            and own_line > deadline
         ):
             raise WaitTooLong(
                 f"The '{name}' lane's line has moved at about {own_line:.1f} s for this "
-                f"request's place while the lanes above it are busy, too close to the "
+                f"request's place while the lanes above it are busy, over the "
                 f"{deadline:.3g} s limit.",
-                retry_after_s=max(
-                    1,
-                    min(
-                        MAX_RETRY_AFTER_S,
-                        math.ceil(own_line - REFUSE_AT_DEADLINE_SHARE * deadline),
-                    ),
-                ),
+                retry_after_s=max(1, min(MAX_RETRY_AFTER_S, math.ceil(own_line - deadline))),
             )
         if settings.reject_predicted_wait and known > deadline:
             whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"

@@ -126,7 +126,7 @@ class BackendSizer:
         pool_name: str = "",
     ) -> None:
         self.settings = settings
-        #: The model pool it sizes (its lines name it; "" for the catch-all pool).
+        #: The model pool it sizes (its lines name it; "*" for the catch-all pool).
         self.pool_name = pool_name
         self.pool = pool
         self.scheduler = scheduler

@@ -108,7 +108,7 @@ async def test_a_lower_lane_line_that_moved_too_slowly_refuses_the_next_arrival(
     with pytest.raises(WaitTooLong) as refused:
         await scheduler.acquire("bulk")
     assert "line has moved" in refused.value.message
-    assert refused.value.retry_after_s == 60 - 24  # when it would fit in 80% of 30 s
+    assert refused.value.retry_after_s == 60 - 30  # when it would fit in its 30 s
     scheduler.release(held)
     for task in waiting:
         task.cancel()
