@@ -521,7 +521,9 @@ class BackendSizer:
         return learned[len(learned) // 2] if learned else DEFAULT_OUTPUT_WEIGHT
 
     def floor_s(self, lane: str, lane_max_prompt: int | None) -> float:
-        """The engine floor of a lane: one long prefill plus its own, on its slowest backend.
+        """The engine floor of a lane: one long prefill plus its own, on its slowest backend;
+        for a lower lane, at least the promotion its line's head waits for under the
+        higher lanes' pressure (`_promotion_floor_s`).
 
         On a backend of one slot no slot can be kept for the lane: a request of it may
         arrive just after a long one took the slot, and waits for that one's whole answer,
@@ -534,7 +536,20 @@ class BackendSizer:
             if backend.slot_limit <= 1:
                 floor += self._long_hold_s(lane, backend, long) - backend.model.prefill_s(long)
             floors.append(floor)
-        return max(floors, default=0.0)
+        return max(max(floors, default=0.0), self._promotion_floor_s(lane))
+
+    def _promotion_floor_s(self, lane: str) -> float:
+        """What the head of a lower lane's line waits under the higher lanes' sustained
+        pressure: it gets a slot by promotion only, once the request of its lane running
+        ends (the lane's measured slot hold) and `promote_after_s` more have passed. A
+        deadline under it, on an engine where a long answer holds its slot for seconds
+        (a CPU's), turns long requests away after they waited most of it (0: not a lower
+        lane, no promotion, or no hold measured yet)."""
+        state = self.scheduler.lane(lane)
+        after = state.settings.promote_after_s
+        if not state.higher or after is None or state.hold_ewma_s is None:
+            return 0.0
+        return after + state.hold_ewma_s
 
     def _long_hold_s(self, lane: str, backend: Backend, long_tokens: int) -> float:
         """How long a request of a lower lane holds its slot: learned (the longest of the

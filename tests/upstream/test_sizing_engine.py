@@ -13,6 +13,7 @@ import io
 import time
 
 import msgspec
+import pytest
 
 from gateway.app import build_pools
 from gateway.config import BackendSettings, load_settings
@@ -201,3 +202,22 @@ def test_a_reload_keeps_the_batch_learned_behind_a_routers_limit() -> None:
     settings = BackendSettings(url="http://floor.invalid", name="b0", weight=2.0)
     assert _update(backend, settings, BackendFacts(engine="tgi", slots=128))  # the weight
     assert backend.max_concurrency == 32
+
+
+def test_an_unset_lower_lane_deadline_fits_the_promotion_it_waits_for() -> None:
+    """Under the higher lanes' pressure the head of the bulk line gets a slot only by
+    promotion: once its lane's running request ends (the measured hold) and
+    promote_after_s more. Unset, its deadline leaves room for that (a CPU's long answer
+    holds a slot 15 s: 10 + 15 s, x1.5); written, it stays as written."""
+    sizer, scheduler = sizer_with_slots(4)
+    backend = sizer.pool.backends[0]
+    for _ in range(5):  # a fast engine: the engine floor is nothing
+        backend.model.observe_ttft(1500, 0, 0.02 + 1500 / 20_000)
+    bulk = scheduler.lane("bulk")
+    assert bulk.settings.promote_after_s == 10.0
+    bulk.hold_ewma_s = 15.0
+    sizer.refit()
+    assert bulk.deadline_s == pytest.approx(1.5 * (10.0 + 15.0))
+    bulk.hold_ewma_s = 2.0  # a GPU's: the configured 30 s holds room enough
+    sizer.refit()
+    assert bulk.deadline_s == bulk.settings.queue_timeout_s == 30.0
