@@ -579,11 +579,7 @@ class Scheduler:
                     lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s, tenant, weight
                 ),
             )
-        if (
-            settings.reject_predicted_wait
-            and own_line is not None
-            and own_line > deadline
-        ):
+        if settings.reject_predicted_wait and own_line is not None and own_line > deadline:
             raise WaitTooLong(
                 f"The '{name}' lane's line has moved at about {own_line:.1f} s for this "
                 f"request's place while the lanes above it are busy, over the "
