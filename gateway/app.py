@@ -347,7 +347,7 @@ def restore_learned(
     learned.restore(_all_backends(router))
     for each in router.pools:
         each.sizer.learned_state = learned
-        each.sizer.refit()
+        each.sizer.refit(quiet=True)  # said at the first round: a start that fails says why only
     return learned
 
 

@@ -293,7 +293,11 @@ async def test_check_config_probe_measures_the_engine_and_warns_with_the_floor(
     assert 200 < described["learned"]["prefill_tokens_per_s"] < 500
     interactive = next(lane for lane in probe["lanes"] if lane["lane"] == "interactive")
     assert interactive["engine_floor_s"] > 5
-    warning = next(line for line in err.decode().splitlines() if "engine floor" in line)
+    warning = next(
+        line
+        for line in err.decode().splitlines()
+        if line.startswith("warning:") and "engine floor" in line
+    )
     assert "'interactive'" in warning and "queue_timeout_s 5 s" in warning
 
 
