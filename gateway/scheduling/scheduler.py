@@ -381,6 +381,12 @@ class Scheduler:
         lane = self._by_name[name]
         if self._starts_now(lane):
             return 0.0
+        return self._measured_wait_s(lane, tenant, weight, cost)
+
+    def _measured_wait_s(
+        self, lane: LaneState, tenant: str | None, weight: float, cost: float
+    ) -> float | None:
+        """`predicted_wait_s` for a request that does not start at once."""
         place = self._place_in_line(lane, tenant, weight, cost)
         hold = lane.hold_ewma_s
         if not lane.wait_per_place.learned:
@@ -402,8 +408,6 @@ class Scheduler:
         go before it (the higher lanes' queues, then its own lane's up to its place in
         its tenant's fair turn), each holding a slot at least for its own prefill."""
         lane = self._by_name[name]
-        if self._starts_now(lane):
-            return 0.0
         ahead: list[tuple[int, Any]] = []
         for other in lane.higher:
             ahead += [(w.prompt_tokens, w.hint) for w in other.queue.order(MAX_AHEAD)]
@@ -552,9 +556,12 @@ class Scheduler:
         self._note_demand(lane, now)
         deadline = self.deadline_for(name, client_deadline_s)
         cost = self.cost.of(prompt_tokens, output_tokens)
-        predicted = self.predicted_wait_s(name, tenant, weight, cost)
-        known = 0.0 if predicted == 0.0 else self.known_wait_s(name, tenant, weight, cost)
-        own_line = None if predicted == 0.0 else self.own_line_wait_s(name)
+        # A measured wait of 0 (a lane whose requests started at once lately) says
+        # nothing of the prefill in flight now: only starting now skips the other two.
+        starts_now = self._starts_now(lane)
+        predicted = 0.0 if starts_now else self._measured_wait_s(lane, tenant, weight, cost)
+        known = 0.0 if starts_now else self.known_wait_s(name, tenant, weight, cost)
+        own_line = None if starts_now else self.own_line_wait_s(name)
         if note is not None:
             note.predicted_wait_s = max(predicted or 0.0, known, own_line or 0.0)
             note.deadline_s = deadline

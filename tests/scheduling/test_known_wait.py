@@ -113,3 +113,15 @@ async def test_a_lower_lane_line_that_moved_too_slowly_refuses_the_next_arrival(
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_lane_whose_requests_started_at_once_lately_still_sees_the_prefill_ahead() -> None:
+    """Its measured wait per place is 0 (every recent request started at once): that says
+    nothing of the 7.5 s prefill holding the one slot now."""
+    lane = LaneSettings(name="only", queue_timeout_s=2.0)
+    scheduler = Scheduler([lane], {"only": 1}, PrefillingSlots(left_s=7.5), clock=Clock())
+    for _ in range(10):
+        scheduler.lane("only").wait_per_place.add(0.0)
+    assert scheduler.predicted_wait_s("only") == 0.0
+    with pytest.raises(WaitTooLong):
+        await arrive(scheduler)
