@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import os
+import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -177,6 +178,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    """A gateway process stopped as an operator stops it (SIGTERM), killed if it is still
+    running 20 s later (and that is a failure)."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), 20)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
 
 
 async def wait_ready(http: aiohttp.ClientSession, url: str, timeout_s: float = 10.0) -> None:

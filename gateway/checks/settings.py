@@ -11,6 +11,7 @@ import sys
 from gateway.admission.tokens import EncodingUnavailable, load_encoding
 from gateway.config import LaneSettings, Settings, consistency_warnings, unrecognized_env_names
 from gateway.fleet.store import mask_url_password
+from gateway.scheduling.fitting import DEADLINE_OVER_FLOOR
 from gateway.upstream.sizing import UNLEARNED_DEADLINE_S
 
 
@@ -21,7 +22,8 @@ def deadline_rule(lane: LaneSettings) -> str:
     if not lane.fit_timeout_to_engine:
         return f"{configured}, exact (configured; fit_timeout_to_engine off)"
     return (
-        f"fitted at run time: {configured} or 1.5x the measured engine floor, whichever is "
+        f"fitted at run time: {configured} or {DEADLINE_OVER_FLOOR:g}x the measured engine "
+        "floor, whichever is "
         f"longer, and {UNLEARNED_DEADLINE_S:g} s while the engine's prefill is unmeasured "
         "(fit_timeout_to_engine is on, as it is by default while queue_timeout_s is unset; "
         "write queue_timeout_s to make it exact)"

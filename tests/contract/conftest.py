@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import free_port, wait_ready
+from tests.conftest import free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,17 +95,6 @@ async def _collect(stream: asyncio.StreamReader | None, lines: list[dict[str, An
             lines.append({"event": "text", "text": raw.decode(errors="replace")})
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), 20)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-
-
 @pytest.fixture
 async def start_written(http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIterator[StartWritten]:
     started: list[tuple[asyncio.subprocess.Process, asyncio.Future[Any]]] = []
@@ -141,7 +129,7 @@ async def start_written(http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIte
         await _probed(http, learning.url)
         if knowledge == "learned":
             return learning
-        await _stop(learning.process)
+        await stop(learning.process)
         return await launch(toml, f'state_file = "{state}"\nprobe_on_start = false')
 
     yield start

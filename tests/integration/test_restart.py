@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from tests.conftest import StartSimulator, free_port, wait_ready
+from tests.conftest import StartSimulator, free_port, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,16 +33,6 @@ async def serve(config: Path, port: int, log: Path) -> asyncio.subprocess.Proces
             stdout=asyncio.subprocess.DEVNULL,
             stderr=err,
         )
-
-
-async def stop(process: asyncio.subprocess.Process) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), 20)
-    except TimeoutError:
-        process.kill()
-        await process.wait()
-        raise
 
 
 async def learned(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
