@@ -508,6 +508,11 @@ async def _relay_stream(
             if not chunk:
                 out = b""
                 break
+        held = watcher.release_held()  # (a finishing event with nothing after it)
+        if held:
+            out += held
+            if relayed is not None:
+                relayed.keep(held)
         tail = watcher.flush()
         if relayed is not None and not watcher.done:
             # Cut short: only whole events reach the client before a seam.

@@ -173,6 +173,7 @@ class StreamWatcher:
         raise NotImplementedError
 
     def _inspect(self, event: bytes) -> bool:
+        """Note what the event tells; False when it must not reach the client."""
         raise NotImplementedError
 
     def feed(self, chunk: bytes) -> bytes:
@@ -195,8 +196,7 @@ class StreamWatcher:
         for match in _EVENT_END.finditer(chunk):
             event = chunk[position : match.end()]
             position = match.end()
-            if self._inspect(event):
-                kept.append(event)
+            kept.append(self._pass(event))
             if self.first_token_seen:
                 break
         rest = chunk[position:]
@@ -210,10 +210,18 @@ class StreamWatcher:
         if start >= len(chunk):
             return chunk
         events = split_events(chunk[start:] if start else chunk)
-        kept = [event for event in events if self._inspect(event)]
-        if len(kept) == len(events):
+        kept = [self._pass(event) for event in events]
+        if all(out is event for out, event in zip(kept, events, strict=True)):
             return chunk
         return chunk[:start] + b"".join(kept)
+
+    def _pass(self, event: bytes) -> bytes:
+        """What of a read event goes to the client: itself, or nothing."""
+        return event if self._inspect(event) else b""
+
+    def release_held(self) -> bytes:
+        """Events held back for what might follow them, when the backend's stream ends."""
+        return b""
 
     def flush(self) -> bytes:
         """Whatever unterminated bytes remain when the backend closes the stream."""
@@ -237,14 +245,46 @@ class OpenAIStreamWatcher(StreamWatcher):
     `tokens` counts the token events relayed, one token each as `seam.py` and TGI's
     watcher count them (vLLM, SGLang and llama.cpp stream a token an event): the usage
     chunk comes last, and a stream cut short before it (a client gone) has only this.
+
+    The usage chunk the client did not ask for can carry more than usage: vLLM stamps
+    its `system_fingerprint` on a stream's last chunk, which is the usage chunk when
+    `include_usage` is on and the finishing chunk when it is off. So, while stripping,
+    a finishing event without a fingerprint is held until the next event: when that is
+    a stripped usage chunk with one, the fingerprint goes onto the finishing event (as
+    the last member, where the engine writes it), and the client gets the bytes the
+    engine writes without `include_usage`. Any other next event releases it unchanged.
     """
 
-    __slots__ = ("tokens",)
+    __slots__ = ("tokens", "_held", "_unstamped_finish", "_fingerprint")
 
     def __init__(self, *, strip_usage: bool = False) -> None:
         super().__init__(strip_usage=strip_usage)
         #: Token events fed so far: unread ones one each, read ones by their output choices.
         self.tokens = 0
+        #: A finishing event waiting for the next one (see the class's docstring).
+        self._held = b""
+        #: The event `_inspect` just read finishes a choice and has no fingerprint.
+        self._unstamped_finish = False
+        #: The fingerprint of the usage chunk `_inspect` just stripped.
+        self._fingerprint: Any = None
+
+    def _pass(self, event: bytes) -> bytes:
+        self._unstamped_finish = False
+        self._fingerprint = None
+        keep = self._inspect(event)
+        held, self._held = self._held, b""
+        if keep and self._unstamped_finish and self.strip_usage:
+            self._held = event
+            return held
+        if not held:
+            return event if keep else b""
+        if not keep and isinstance(self._fingerprint, str):
+            held = stamped(held, self._fingerprint)
+        return held + event if keep else held
+
+    def release_held(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
 
     @property
     def relayed_tokens(self) -> int:
@@ -252,6 +292,8 @@ class OpenAIStreamWatcher(StreamWatcher):
         return self.tokens if self.completion_tokens is None else self.completion_tokens
 
     def _read_from(self, chunk: bytes) -> int:
+        if self._held:  # the next event decides what becomes of it: read from the start
+            return 0
         marker = chunk.find(USAGE_MARKER)
         error = chunk.find(ERROR_MARKER)
         if error >= 0 and (marker < 0 or error < marker):
@@ -314,9 +356,29 @@ class OpenAIStreamWatcher(StreamWatcher):
                 self.prompt_tokens = prompt
             self.cached_tokens = cached_tokens_of(usage)
             if self.strip_usage and chunk.get("choices") == []:
+                self._fingerprint = chunk.get("system_fingerprint")
                 return False
+        if chunk.get("system_fingerprint") is None and _finishes(chunk):
+            self._unstamped_finish = True
         self.tokens += output
         return True
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    return isinstance(choices, list) and any(
+        isinstance(choice, dict) and choice.get("finish_reason") for choice in choices
+    )
+
+
+def stamped(event: bytes, fingerprint: str) -> bytes:
+    """`event` (one `data:` line of a JSON object) with `system_fingerprint` as its last
+    member; unchanged when it is not shaped so."""
+    end = event.rfind(b"}")
+    if end < 0 or not event.startswith(b"data:"):
+        return event
+    member = b',"system_fingerprint":' + msgspec.json.encode(fingerprint)
+    return event[:end] + member + event[end:]
 
 
 def cached_tokens_of(usage: dict[str, object]) -> int | None:

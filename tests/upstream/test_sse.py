@@ -128,3 +128,49 @@ def test_events_after_the_first_token_in_the_first_chunk_are_not_read() -> None:
     assert out == ROLE + TOKEN * 30 + DONE
     assert inspected == [ROLE, TOKEN, USAGE, DONE]
     assert watcher.first_token_seen and watcher.done and watcher.completion_tokens == 3
+
+
+#: vLLM 0.32's last events, as it writes them: with `include_usage` its fingerprint is on
+#: the usage chunk; without, on the finishing chunk (as the last member).
+VLLM_FINISH = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gemma",'
+    b'"choices":[{"index":0,"delta":{"content":" three"},"logprobs":null,'
+    b'"finish_reason":"length","stop_reason":null,"token_ids":null}]}\n\n'
+)
+VLLM_USAGE = (
+    b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"gemma",'
+    b'"choices":[],"usage":{"prompt_tokens":13,"total_tokens":18,"completion_tokens":5},'
+    b'"system_fingerprint":"vllm-0.32.0-8e553bf1"}\n\n'
+)
+VLLM_FINISH_STAMPED = VLLM_FINISH.replace(
+    b"}]}\n\n", b'}],"system_fingerprint":"vllm-0.32.0-8e553bf1"}\n\n'
+)
+
+
+def test_a_stripped_usage_chunks_fingerprint_goes_where_the_engine_puts_it_without() -> None:
+    """The gateway asked for the usage, the client did not: it gets the bytes vLLM sends
+    a client that did not, the fingerprint on the finishing chunk, in any chunking."""
+    stream = ROLE + TOKEN * 4 + VLLM_FINISH + VLLM_USAGE + DONE
+    for size in (1, 5, 64, 300, len(stream)):
+        stripped = OpenAIStreamWatcher(strip_usage=True)
+        out = b"".join(stripped.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+        assert out + stripped.release_held() + stripped.flush() == (
+            ROLE + TOKEN * 4 + VLLM_FINISH_STAMPED + DONE
+        ), size
+        assert stripped.completion_tokens == 5 and stripped.done
+        kept = OpenAIStreamWatcher(strip_usage=False)
+        assert feed_all(kept, stream, size) == stream  # asked for: nothing moves
+
+
+def test_a_finishing_event_is_held_only_until_the_next_event() -> None:
+    watcher = OpenAIStreamWatcher(strip_usage=True)
+    assert watcher.feed(ROLE + TOKEN) == ROLE + TOKEN
+    assert watcher.feed(VLLM_FINISH) == b""  # what follows decides
+    assert watcher.feed(DONE) == VLLM_FINISH + DONE  # no usage came: unchanged
+    # A stream that ends after its finishing event (a backend gone) still delivers it.
+    cut = OpenAIStreamWatcher(strip_usage=True)
+    cut.feed(ROLE + TOKEN + VLLM_FINISH)
+    assert cut.release_held() == VLLM_FINISH and cut.release_held() == b""
+    # An engine that stamps every chunk (OpenAI's way) is not held at all.
+    own = VLLM_FINISH_STAMPED
+    assert OpenAIStreamWatcher(strip_usage=True).feed(ROLE + TOKEN + own) == ROLE + TOKEN + own
