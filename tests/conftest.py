@@ -147,6 +147,7 @@ DOCUMENTED_LOG_FIELDS = frozenset(
         "stream",
         "lane",
         "backend",
+        "engine",
         "status",
         "outcome",
         "prompt_tokens",

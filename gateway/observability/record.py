@@ -65,6 +65,9 @@ class RequestRecord:
     stream: bool = False
     lane: str | None = None
     backend: str | None = None
+    #: What engine that backend runs ("vllm", "llama.cpp", ...; None: unknown), so a log
+    #: read alone can say which engine's settings apply (`gateway analyze`).
+    engine: str | None = None
     status: int | None = None
     outcome: Outcome | None = None
     error_code: str | None = None
@@ -177,6 +180,7 @@ class RequestRecord:
             "stream": self.stream,
             "lane": self.lane,
             "backend": self.backend,
+            "engine": self.engine,
             "status": self.status,
             "outcome": self.outcome,
             "error_code": self.error_code,

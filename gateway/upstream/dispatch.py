@@ -51,6 +51,7 @@ async def dispatch(
         record.attempts += 1
         target = backend()
         record.backend = target.name
+        record.engine = target.engine
         try:
             response = await relay(request, plan_for(target), record, upstream)
         except BackendFailure as failure:

@@ -98,6 +98,7 @@ async def carry_over(
         record.resumed_from = [*(record.resumed_from or ()), record.backend or "?"]
         record.resume_reason = broken.reason
         record.backend = target.name
+        record.engine = target.engine
         record.attempts += 1
         stream = origin.dialect.continued_stream(seam, origin.shape)
         try:

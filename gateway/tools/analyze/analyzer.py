@@ -50,6 +50,7 @@ from gateway.tools.analyze.fields import (
     rounded,
     was_served,
 )
+from gateway.tools.analyze.levers import lever_for
 from gateway.tools.analyze.models import model_analysis
 from gateway.tools.analyze.resumes import resume_analysis
 from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S, retry_analysis
@@ -216,6 +217,7 @@ def breakdown(record: Record) -> dict[str, Any] | None:
         "request_id": record.get("request_id"),
         "arrival": None if arrival is None else iso_utc(arrival),
         "backend": record.get("backend"),
+        "engine": record.get("engine"),
         "outcome": outcome_of(record),
         "measure": measure,
         "total_ms": total,
@@ -367,12 +369,16 @@ def _engine_queue_advice(
 ) -> list[dict[str, Any]]:
     """Per backend the tail queued in (most engine queue first): its slots and the advised value."""
     waited: Counter[str] = Counter()
+    engines: dict[str, str] = {}
     for item in tail:
         if isinstance(item["backend"], str) and item["engine_queue_ms"] > 0:
             waited[item["backend"]] += item["engine_queue_ms"]
+            if isinstance(item.get("engine"), str):
+                engines[item["backend"]] = item["engine"]
     out = []
     for backend, total in waited.most_common():
         slot = slots.get(backend, {})
+        lever = lever_for(engines.get(backend), slot.get("engine_queue_cause"))
         out.append(
             {
                 "backend": backend,
@@ -383,6 +389,9 @@ def _engine_queue_advice(
                 "basis": slot.get("basis"),
                 "note": slot.get("note"),
                 "cause": slot.get("engine_queue_cause"),
+                "engine": engines.get(backend),
+                "engine_setting": None if lever is None else lever.setting,
+                "engine_setting_measured": None if lever is None else lever.measured,
             }
         )
     return out
@@ -397,7 +406,12 @@ def _verdict_text(
     if kind is None:
         return None
     if kind == "engine_queue" and cause not in (None, "batch"):
-        return ENGINE_QUEUE_TEXT[cause]
+        levers = [a for a in advice if a["cause"] == cause and a["engine_setting"] is not None]
+        if not levers:
+            return ENGINE_QUEUE_TEXT[cause]
+        settings = sorted({(a["engine"], a["engine_setting"]) for a in levers})
+        named = ", ".join(f"{engine} {setting}" for engine, setting in settings)
+        return f"{ENGINE_QUEUE_TEXT[cause]}; the engine's own setting does the rest: {named}"
     figures = [
         f"{a['backend']}: {a['max_in_flight']} → {a['advised_max_concurrency']}"
         for a in advice

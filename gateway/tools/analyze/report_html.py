@@ -724,8 +724,15 @@ def _card(lane: str, data: dict[str, Any], fraction: float) -> str:
 def _advice_html(advice: dict[str, Any]) -> str:
     head = f"{advice['backend']}: up to {advice['max_in_flight']} in flight"
     if advice["advised_max_concurrency"] is None:
-        return f"{head}; no figure for max_concurrency: {advice['note']}."
-    return f"{head}; {advice['basis']}: max_concurrency = {advice['advised_max_concurrency']}."
+        text = f"{head}; no figure for max_concurrency: {advice['note']}."
+    else:
+        text = f"{head}; {advice['basis']}: max_concurrency = {advice['advised_max_concurrency']}."
+    if advice.get("engine_setting"):
+        text += (
+            f" Its engine ({advice['engine']}): {advice['engine_setting']} "
+            f"({advice['engine_setting_measured']})."
+        )
+    return text
 
 
 def _slots_table(backends: dict[str, Any]) -> str:

@@ -115,9 +115,10 @@ def _stall_lines(tail: dict[str, Any]) -> list[str]:
         f"{stall['tpot_p95_over_p50']:.1f}x its P50 ({fmt_ms(stall['tpot_p50_ms'])} ms), so "
         f"the requests ahead held their slots {fmt_ms(stall['slot_hold_p90_ms'])} ms at P90 "
         f"(P50 {fmt_ms(stall['slot_hold_p50_ms'])}): other prompts prefilled in the same "
-        "engine steps. Ordering alone does not shorten that; an engine that chunks its "
-        "prefill does (llama.cpp a smaller -ub, vLLM chunked prefill), as do fewer long "
-        "prompts at once"
+        "engine steps. Ordering alone does not shorten that; fewer long prompts at once "
+        "do, and on vLLM a cap on a long prompt's share of a step "
+        "(--long-prefill-token-threshold; llama.cpp's smaller --ubatch-size measured no "
+        "better, see docs/benchmarks.md)"
     )
 
 
@@ -125,10 +126,15 @@ def _advice_text(advice: dict[str, Any]) -> str:
     """What the in-flight counts of one backend say about its max_concurrency."""
     head = f"{advice['backend']}: up to {advice['max_in_flight']} in flight when requests were sent"
     if advice["advised_max_concurrency"] is None:
-        return f"{head}; no figure: {advice['note']}"
-    return (
-        f"{head}; {advice['basis']}: set its max_concurrency to {advice['advised_max_concurrency']}"
-    )
+        text = f"{head}; no figure: {advice['note']}"
+    else:
+        text = f"{head}; {advice['basis']}: set its max_concurrency to {advice['advised_max_concurrency']}"
+    if advice.get("engine_setting"):
+        text += (
+            f". Its engine ({advice['engine']}) can do what the door cannot: "
+            f"{advice['engine_setting']} ({advice['engine_setting_measured']})"
+        )
+    return text
 
 
 def _spread(tail: dict[str, Any]) -> str:

@@ -238,6 +238,7 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
             record.dispatched = loop.time()
             record.attempts = 1
             record.backend = grant.slot.backend.name
+            record.engine = grant.slot.backend.engine
             engine = engines[record.backend]
             seq = running[record.backend].submit(
                 engine.config.backend_tokens(arrival.prompt_tokens), budget.max_tokens

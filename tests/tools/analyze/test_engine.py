@@ -48,6 +48,9 @@ def test_a_tail_waiting_in_the_engine_gets_the_max_concurrency_it_batches() -> N
             "basis": "none queued in the engine at ≤ 4 in flight, queued from 5",
             "note": None,
             "cause": "batch",
+            "engine": None,
+            "engine_setting": None,
+            "engine_setting_measured": None,
         }
     ]
     assert tail["engine_queue_cause"] == analysis["backends"]["b0"]["engine_queue_cause"] == "batch"
@@ -336,3 +339,27 @@ def test_a_burst_that_waits_a_few_steps_in_an_idle_engine_is_not_a_full_batch() 
     assert slots["no_seat_freed"] == 14
     assert "while none there ended" in slots["note"]
     assert slots["engine_queue_cause"] == "steps"
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llama.cpp", None])
+def test_the_engine_setting_that_measured_better_is_named_for_its_engine_only(
+    engine: str | None,
+) -> None:
+    """Behind other prompts' prefill the door can do no more; on vLLM a cap on a long
+    prompt's share of a step measured better (docs/benchmarks.md), on llama.cpp no
+    batch size did: named for vLLM, with its figure; nothing for the others."""
+    log = [{**line, "engine": engine} for line in prefill_interference_log()]
+    tail = analyze(log)["lanes"]["interactive"]["tail"]
+    [advice] = tail["engine_queue_advice"]
+    report = " ".join(format_report(analyze(log)).split())
+    if engine == "vllm":
+        assert advice["engine_setting"] == "--long-prefill-token-threshold 128"
+        assert "0.96 s" in advice["engine_setting_measured"]
+        assert tail["verdict_text"].startswith(ENGINE_QUEUE_TEXT["prefill"])
+        assert "vllm --long-prefill-token-threshold 128" in tail["verdict_text"]
+        assert "Its engine (vllm) can do what the door cannot" in report
+    else:
+        assert advice["engine"] == engine and advice["engine_setting"] is None
+        assert tail["verdict_text"] == ENGINE_QUEUE_TEXT["prefill"]
+        assert "threshold" not in report and "ubatch" not in report
+    assert max(len(line) for line in format_report(analyze(log)).splitlines()) <= 100
