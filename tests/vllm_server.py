@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "real_vllm.sh"
@@ -42,14 +43,6 @@ def vllm_installed() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{why}, and CI=true: CI must have it", pytrace=False)
     pytest.skip(why)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -86,7 +79,7 @@ def start_servers(flags: list[str], log_dir: Path) -> list[VllmServer]:
     """One server per entry of `flags` (extra vLLM flags), started at once, each healthy."""
     launches = []
     for i, extra in enumerate(flags):
-        port = _free_port()
+        port = free_port()
         log = log_dir / f"vllm-{i}-{port}.log"
         env = dict(os.environ, VENV=str(VENV), MODEL_DIR=str(MODEL_DIR), PORT=str(port),
                    SERVED_NAME=MODEL, EXTRA=f"{TEST_FLAGS} {extra}".strip(), LOG=str(log))  # fmt: skip
@@ -107,9 +100,3 @@ def start_servers(flags: list[str], log_dir: Path) -> list[VllmServer]:
             server.stop()
         raise AssertionError("a vLLM server did not start:\n" + "\n".join(failures))
     return servers
-
-
-def wait_gone(server: VllmServer, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while server.alive() and time.monotonic() < deadline:
-        time.sleep(0.1)

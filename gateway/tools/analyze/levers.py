@@ -44,6 +44,3 @@ def lever_for(engine: object, cause: object) -> Lever | None:
         return None
     return LEVERS.get(engine)
 
-
-def lever_text(lever: Lever) -> str:
-    return f"the engine can do the rest: {lever.setting} ({lever.measured})"
