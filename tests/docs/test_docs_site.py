@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import shutil
 import subprocess
 import sys
@@ -26,21 +25,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.helpers import require
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 BUILD_TIMEOUT_S = 180
 #: The flags of `make docs`: warnings are errors, all of them reported, nitpicky.
 STRICT = ["-W", "--keep-going", "-n", "-q", "-b", "html"]
-
-
-def require(what: str, found: bool, install: str) -> None:
-    """Skip without `what`, or fail when running under CI (where it must be installed)."""
-    if found:
-        return
-    why = f"{what} is not installed ({install})"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{why}, and CI=true: CI must have it", pytrace=False)
-    pytest.skip(why)
 
 
 def build(source: Path, out: Path) -> subprocess.CompletedProcess[str]:
