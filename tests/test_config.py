@@ -591,6 +591,13 @@ def test_check_config_with_a_good_file_prints_json(tmp_path: Path) -> None:
     assert effective["server"]["port"] == 9090
     assert [ln["name"] for ln in effective["lanes"]] == ["chat", "agent", "batch"]
     assert effective["lane_slot_limits"] == {"chat": 12, "agent": 3, "batch": 3}
+    # Unset, the headroom is adapted, and check-config says so; written, it is exact.
+    assert all(rule.startswith("adapted") for rule in effective["lane_headroom"].values())
+    from gateway.checks.settings import headroom_rule
+    from gateway.config import LaneSettings
+
+    written = headroom_rule(LaneSettings(name="x", headroom_wait_probability=0.25))
+    assert "25%" in written and "exact" in written and "engine floor" not in written
 
 
 def test_unrecognized_gateway_env_names_are_reported() -> None:

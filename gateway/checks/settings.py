@@ -11,7 +11,8 @@ import sys
 from gateway.admission.tokens import EncodingUnavailable, load_encoding
 from gateway.config import LaneSettings, Settings, consistency_warnings, unrecognized_env_names
 from gateway.fleet.store import mask_url_password
-from gateway.scheduling.fitting import DEADLINE_OVER_FLOOR
+from gateway.scheduling.fitting import DEADLINE_OVER_FLOOR, WAIT_ALLOWANCE_OVER_FLOOR
+from gateway.scheduling.headroom import TAIL_PROBABILITY, WAIT_PROBABILITY
 from gateway.upstream.sizing import UNLEARNED_DEADLINE_S
 
 
@@ -27,6 +28,24 @@ def deadline_rule(lane: LaneSettings) -> str:
         f"longer, and {UNLEARNED_DEADLINE_S:g} s while the engine's prefill is unmeasured "
         "(fit_timeout_to_engine is on, as it is by default while queue_timeout_s is unset; "
         "write queue_timeout_s to make it exact)"
+    )
+
+
+def headroom_rule(lane: LaneSettings) -> str:
+    """What a lane's headroom (the slots the lanes below leave it) will follow, from the
+    config alone: its measured demand, by the written probability or the adapted rule."""
+    written = lane.headroom_wait_probability
+    if written is not None:
+        return (
+            f"the slots with which at most {written:.0%} of its arrivals find every one busy, "
+            "at its measured demand (configured: exact)"
+        )
+    return (
+        f"adapted at run time: the slots with which at most {WAIT_PROBABILITY:.0%} of its "
+        f"arrivals find every one busy and at most {TAIL_PROBABILITY:.0%} wait longer than "
+        f"{WAIT_ALLOWANCE_OVER_FLOOR:g}x the measured engine floor, at its measured demand, "
+        "where that leaves the lanes below a slot (write headroom_wait_probability to have "
+        "that probability alone)"
     )
 
 
@@ -49,6 +68,7 @@ def check_config(settings: Settings) -> int:
         lane.name: settings.lane_slot_limit(lane) for lane in settings.lanes
     }
     effective["lane_deadlines"] = {lane.name: deadline_rule(lane) for lane in settings.lanes}
+    effective["lane_headroom"] = {lane.name: headroom_rule(lane) for lane in settings.lanes}
     print(json.dumps(effective, indent=2))
     for lane in settings.lanes:
         print(f"note: lane '{lane.name}': queue deadline {deadline_rule(lane)}", file=sys.stderr)

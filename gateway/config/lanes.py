@@ -39,7 +39,10 @@ class LaneSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     #: needs so that an arrival finds them all busy at most this often (its headroom, for
     #: bursts). Higher: fewer slots kept idle for it, more for the lanes below (their
     #: requests wait less for a slot at moderate load, this lane's bursts more); 1: none.
-    headroom_wait_probability: Annotated[float, rule("be in (0, 1]", gt=0, le=1)] = 0.1
+    #: Unset: 0.1, and adapted: enough slots too that an arrival waits longer than half
+    #: the engine floor at most 1% of the time, where that leaves the lanes below a slot
+    #: beyond their floors (`scheduling/headroom.py`). Written: exact, and alone.
+    headroom_wait_probability: Annotated[float, rule("be in (0, 1]", gt=0, le=1)] | None = None
     #: Most requests one tenant may have queued in this lane; an arrival over it gets
     #: 429 queue_full at once. 0: no cap of its own (the lane's fair share of
     #: max_queue_depth still applies when the queue is full).

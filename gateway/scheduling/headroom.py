@@ -12,6 +12,14 @@ below it may hold only the slots its demand leaves:
 - the slots it needs are the fewest with which an arrival would find all of them
   busy at most `WAIT_PROBABILITY` of the time (Erlang C: Poisson arrivals, which a
   lane's many independent clients are), so a burst finds a free slot;
+- and, where the lane's allowed wait is known (its share of the engine floor:
+  `scheduler.set_wait_allowance`), enough that an arrival waits longer than that at
+  most `TAIL_PROBABILITY` of the time, since the lane's promise is a P99. Under Erlang C
+  a wait past t has the chance C x exp(-(slots - load) x t / hold): with 10% of arrivals
+  waiting, the P99 wait is ln(10) x hold / (slots - load), which is seconds where a
+  short answer holds its slot for seconds (a CPU vLLM's 32 tokens at 68 ms: 1.6 s of
+  queue at P99 on a floor of 0.7 s, measured). Where the tail would take every slot of
+  the lanes below, the probability alone decides (`Scheduler._note_demand`);
 - a lane with no arrival for `QUIET_S` needs nothing: the lower lanes may use every
   slot again.
 
@@ -30,6 +38,9 @@ from collections import deque
 #: An arrival finds every slot of its lane's headroom busy at most this often (the lane's
 #: `headroom_wait_probability`, this by default).
 WAIT_PROBABILITY = 0.1
+#: ... and waits past its allowance at most this often (unless the operator wrote the
+#: probability above: then that alone is the lane's headroom).
+TAIL_PROBABILITY = 0.01
 #: A lane with no arrival for this long is quiet: it needs no headroom.
 QUIET_S = 10.0
 #: Recent arrivals per lane from which its rate is measured...
@@ -50,8 +61,15 @@ def erlang_c(servers: int, load: float) -> float:
     return servers * blocked / (servers - load * (1.0 - blocked))
 
 
-def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
-    """The fewest slots (at most `most`) with which `load` Erlangs wait at most that often.
+def slots_needed(
+    load: float,
+    most: int,
+    wait_probability: float = WAIT_PROBABILITY,
+    allowance_holds: float | None = None,
+) -> int:
+    """The fewest slots (at most `most`) with which `load` Erlangs wait at most that often,
+    and (`allowance_holds`: the allowed wait over the slot hold) wait past that allowance
+    at most `TAIL_PROBABILITY` of the time.
 
     One pass of Erlang B's recursion over the number of slots: O(slots). A probability
     of 1 (every arrival may wait) needs none."""
@@ -62,18 +80,32 @@ def slots_needed(load: float, most: int, wait_probability: float = WAIT_PROBABIL
     blocked = 1.0
     for slots in range(1, most + 1):
         blocked = load * blocked / (slots + load * blocked)
-        if slots > load and slots * blocked / (slots - load * (1.0 - blocked)) <= wait_probability:
+        if slots <= load:
+            continue
+        waits = slots * blocked / (slots - load * (1.0 - blocked))
+        if waits > wait_probability:
+            continue
+        if (
+            allowance_holds is None
+            or waits * math.exp(-(slots - load) * allowance_holds) <= TAIL_PROBABILITY
+        ):
             return slots
     return most
 
 
 #: A lane's demand is rounded up to this fraction of an Erlang for `headroom_slots`'
 #: cache: it changes at every arrival and release, and each exact answer is a pass over
-#: the slots (rounded up, the answer is never fewer slots than the exact one).
+#: the slots (rounded up, the answer is never fewer slots than the exact one). The
+#: allowance is rounded down to it, for the same reason.
 LOAD_STEP = 1 / 64
 
 
-def headroom_slots(load: float, most: int, wait_probability: float = WAIT_PROBABILITY) -> int:
+def headroom_slots(
+    load: float,
+    most: int,
+    wait_probability: float = WAIT_PROBABILITY,
+    allowance_holds: float | None = None,
+) -> int:
     """`slots_needed` for `load` rounded up to `LOAD_STEP`, from a cache.
 
     A load over every slot needs them all, at once and outside the cache: a burst of
@@ -82,12 +114,16 @@ def headroom_slots(load: float, most: int, wait_probability: float = WAIT_PROBAB
     pushed the lane's usual loads out of the cache."""
     if load >= most:
         return 0 if most <= 0 or wait_probability >= 1 else most
-    return _slots_needed_in_steps(math.ceil(load / LOAD_STEP), most, wait_probability)
+    allowance = None if allowance_holds is None else math.floor(allowance_holds / LOAD_STEP)
+    return _slots_needed_in_steps(math.ceil(load / LOAD_STEP), most, wait_probability, allowance)
 
 
 @functools.lru_cache(maxsize=4096)
-def _slots_needed_in_steps(steps: int, most: int, wait_probability: float) -> int:
-    return slots_needed(steps * LOAD_STEP, most, wait_probability)
+def _slots_needed_in_steps(
+    steps: int, most: int, wait_probability: float, allowance_steps: int | None
+) -> int:
+    allowance = None if allowance_steps is None else allowance_steps * LOAD_STEP
+    return slots_needed(steps * LOAD_STEP, most, wait_probability, allowance)
 
 
 class ArrivalRate:

@@ -37,7 +37,12 @@ import msgspec
 
 from gateway.config import LaneSettings, LimitsSettings, Settings, slot_limit
 from gateway.scheduling.fairness import DEFAULT_OUTPUT_WEIGHT, learned_output_weight
-from gateway.scheduling.fitting import PromptSizes, engine_floor_s, fitted_deadline_s
+from gateway.scheduling.fitting import (
+    WAIT_ALLOWANCE_OVER_FLOOR,
+    PromptSizes,
+    engine_floor_s,
+    fitted_deadline_s,
+)
 from gateway.scheduling.learning import MIN_PREFILL_SAMPLE_TOKENS, changed_a_lot
 from gateway.scheduling.scheduler import LaneState, Scheduler
 from gateway.upstream.engine_timings import window_split
@@ -412,6 +417,7 @@ class BackendSizer:
             self.scheduler.set_slot_limit(lane.name, slot_limit(lane, slots), slots)
             floor = self.floor_s(lane.name, lane.max_prompt_tokens)
             self.floors[lane.name] = floor
+            self.scheduler.set_wait_allowance(lane.name, WAIT_ALLOWANCE_OVER_FLOOR * floor)
             deadline, why = self.deadline_in_force(lane, floor)
             self.scheduler.set_deadline(lane.name, deadline)
             if quiet:
@@ -424,6 +430,7 @@ class BackendSizer:
             return
         for state in self.scheduler.lanes:
             self._warn_demand_over_capacity(state.name, state.capacity)
+            self._warn_tail_needs_every_slot(state)
         for backend in self.pool.backends:
             self._log_learned(backend)
 
@@ -492,6 +499,39 @@ class BackendSizer:
             hint="this lane's own requests need more slots than its backends have beside "
             "the lower lanes' floors: its requests wait or are refused whatever the order; "
             "add backends or slots, or lower its traffic",
+        )
+
+    def _warn_tail_needs_every_slot(self, state: LaneState) -> None:
+        """Say when a lane's P99 wait could be held within its allowance only by taking
+        every slot the lanes below have beyond their floors: its headroom then keeps to
+        its wait probability (the lanes below would run by promotion alone), and its
+        tail is over the promise. Its demand fits (else `lane_demand_over_capacity`
+        says it), but its requests hold their slots long against its allowed wait (a
+        CPU vLLM's 32-token answers: 2.4 s against 0.4 s): only more slots serve both."""
+        figures = self.scheduler.headroom_figures(state.name)
+        key = f"tail:{state.name}"
+        tail, floors = figures["tail_slots"], int(figures["floors_below"] or 0)
+        demand = float(figures["demand_slots"] or 0.0)
+        if not state.lower or tail is None or tail < state.capacity - floors or not demand:
+            self._warned.pop(key, None)
+            return
+        if not changed_a_lot(self._warned.get(key, 0.0), demand, 1.2):
+            return
+        self._warned[key] = demand
+        self.events.warning(
+            "lane_tail_needs_every_slot",
+            lane=state.name,
+            slots=state.capacity,
+            tail_slots=tail,
+            headroom_slots=figures["headroom_slots"],
+            demand_slots=demand,
+            hold_s=figures["hold_s"],
+            wait_allowance_s=figures["wait_allowance_s"],
+            hint="this lane's P99 wait fits its allowance only with every slot kept from "
+            "the lanes below, so its headroom keeps to headroom_wait_probability and its "
+            "slowest requests wait longer: give the engine more slots (vLLM "
+            "--max-num-seqs, SGLang --max-running-requests, llama.cpp --parallel) and "
+            "max_concurrency with them, or add a backend",
         )
 
     def learned(self, lane: str) -> bool:

@@ -113,3 +113,26 @@ async def test_a_lane_whose_own_demand_exceeds_the_backend_is_warned_about(
     assert warned and warned[-1]["lane"] == "interactive", events
     # Both slots: the default bulk lane keeps no floor below it.
     assert warned[-1]["demand_slots"] > warned[-1]["usable_slots"] == 2
+
+
+async def test_a_tail_that_needs_every_slot_is_warned_about(
+    start_simulator_at: StartSimulator,
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """~2 slots of demand on a backend of 4: it fits, but its P99 wait within half the
+    engine floor needs all four; the operator is told, with the lever."""
+    backend = await start_simulator_at(max_batch=4, step_base_ms=20.0)
+    gateway = await start_gateway([backend], max_concurrency=4, configure=fast_health)
+    steady = asyncio.create_task(steady_shorts(http, gateway.url, 0.5))
+    await asyncio.sleep(4.0)
+    steady.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await steady
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    assert not [e for e in events if e.get("event") == "lane_demand_over_capacity"], events
+    warned = [e for e in events if e.get("event") == "lane_tail_needs_every_slot"]
+    assert warned and warned[-1]["lane"] == "interactive", events
+    assert warned[-1]["tail_slots"] == warned[-1]["slots"] == 4
+    assert 0 < warned[-1]["demand_slots"] < 4 and "--max-num-seqs" in warned[-1]["hint"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
 from gateway.scheduling.headroom import (
     LOAD_STEP,
     QUIET_S,
+    TAIL_PROBABILITY,
     ArrivalRate,
     _slots_needed_in_steps,
     erlang_c,
@@ -53,6 +55,28 @@ def test_a_load_over_every_slot_needs_them_all_without_a_pass_or_a_cache_entry()
     assert _slots_needed_in_steps.cache_info().currsize == 0
     assert headroom_slots(0.0, 8) == headroom_slots(3.0, 0) == 0
     assert headroom_slots(9.0, 8, wait_probability=1.0) == slots_needed(9.0, 8, 1.0) == 0
+
+
+def waits_past(slots: int, load: float, allowance_holds: float) -> float:
+    """Erlang C's chance that an arrival waits longer than the allowance."""
+    return erlang_c(slots, load) * math.exp(-(slots - load) * allowance_holds)
+
+
+def test_a_short_allowance_against_a_long_hold_keeps_the_slots_of_its_tail() -> None:
+    """3 Erlangs on 8 slots: 6 slots keep waiting to 10% of arrivals, but those wait
+    ln(10) x hold / 3 at P99 (1.8 s for a 2.3 s hold: the CPU vLLM's short answers). With
+    an allowance of a tenth of the hold, the tail needs 8; a generous one changes nothing."""
+    assert slots_needed(3.0, 8) == 6
+    tight = slots_needed(3.0, 16, allowance_holds=0.1)
+    assert waits_past(tight, 3.0, 0.1) <= TAIL_PROBABILITY < waits_past(tight - 1, 3.0, 0.1)
+    assert tight == 8 and slots_needed(3.0, 8, allowance_holds=0.1) == 8
+    assert slots_needed(3.0, 8, allowance_holds=5.0) == 6
+    # Each criterion alone is met; the looser probability leaves the tail to decide.
+    assert slots_needed(3.0, 16, wait_probability=0.5, allowance_holds=0.1) == tight
+    # The cache rounds the allowance down: never fewer slots than the exact answer.
+    for tenths in range(1, 40):
+        allowance = tenths / 10 + LOAD_STEP / 3
+        assert headroom_slots(3.0, 16, 0.1, allowance) >= slots_needed(3.0, 16, 0.1, allowance)
 
 
 def test_an_arrival_rate_falls_while_nothing_arrives_and_is_zero_when_quiet() -> None:
@@ -125,6 +149,43 @@ async def test_a_higher_tolerated_wait_keeps_fewer_slots_and_one_keeps_none() ->
             scheduler.release(grant)
     assert kept[0] > kept[1] > kept[2] == 0, kept
     assert erlang_c(kept[1], 2.0) <= 0.5 < erlang_c(kept[1] - 1, 2.0)
+
+
+@pytest.mark.parametrize("written", [None, 0.1])
+async def test_a_wait_allowance_keeps_the_tail_unless_the_probability_is_written(
+    written: float | None,
+) -> None:
+    """3 Erlangs of 2.4 s holds on 16 slots: with an allowance of a tenth of the hold (the
+    app's share of the engine floor), the higher lane keeps the 8-9 its tail needs; a
+    probability the operator wrote is the headroom exactly (as without an allowance)."""
+    clock = Clock()
+    overrides = {} if written is None else {"headroom_wait_probability": written}
+    scheduler, _ = make(16, interactive=overrides, clock=clock)
+    await arrive(scheduler, clock, "interactive", 32, every_s=0.8, hold_s=2.4)
+    before = scheduler.reserved_slots("bulk")
+    scheduler.set_wait_allowance("interactive", 0.24)
+    figures = scheduler.headroom_figures("interactive")
+    assert before < 8 and figures["demand_slots"] == pytest.approx(3.0, rel=0.2)
+    if written is None:
+        assert scheduler.reserved_slots("bulk") == figures["tail_slots"] >= 8
+        assert figures["wait_allowance_s"] == 0.24
+    else:
+        assert scheduler.reserved_slots("bulk") == before
+        assert figures["wait_allowance_s"] is None and figures["tail_slots"] is None
+    assert figures["wait_probability"] == 0.1
+
+
+async def test_a_tail_that_would_take_every_slot_leaves_the_probability_in_force() -> None:
+    """The same demand on 8 slots: the tail needs all 8, which would leave the long
+    requests promotion alone; the headroom keeps to the probability, and says the tail."""
+    clock = Clock()
+    scheduler, _ = make(8, clock=clock)
+    await arrive(scheduler, clock, "interactive", 32, every_s=0.8, hold_s=2.4)
+    before = scheduler.reserved_slots("bulk")
+    scheduler.set_wait_allowance("interactive", 0.24)
+    figures = scheduler.headroom_figures("interactive")
+    assert before < 8 and figures["tail_slots"] == 8
+    assert scheduler.reserved_slots("bulk") == figures["headroom_slots"] == before
 
 
 async def test_a_quiet_higher_lane_keeps_no_headroom_and_the_waiter_is_served() -> None:

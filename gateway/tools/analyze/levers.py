@@ -43,4 +43,3 @@ def lever_for(engine: object, cause: object) -> Lever | None:
     if cause != "prefill" or not isinstance(engine, str):
         return None
     return LEVERS.get(engine)
-

