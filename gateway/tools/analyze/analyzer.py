@@ -429,6 +429,7 @@ def analyze(
     records: Sequence[Record],
     *,
     skipped: int = 0,
+    said: Sequence[dict[str, Any]] = (),
     tail_fraction: float = TAIL_FRACTION,
     fairness_window_s: float = FAIRNESS_WINDOW_S,
     storm_window_s: float = STORM_WINDOW_S,
@@ -439,7 +440,8 @@ def analyze(
     `fairness_window_s` is the width of the windows the tenants' fair share is
     judged in (`tenants.tenant_analysis`); `storm_window_s` and `storm_share` the
     windows retries are counted in and the share of retries that makes one a
-    storm (`retries.retry_analysis`).
+    storm (`retries.retry_analysis`). `said`: the gateway's sizing warnings from the
+    same stream (`said.sizing_warnings`), repeated in the report.
     """
     by_lane: dict[str, list[Record]] = defaultdict(list)
     for record in records:
@@ -447,7 +449,7 @@ def analyze(
     order = sorted(by_lane, key=lambda lane: (lane == NO_LANE, -len(by_lane[lane]), lane))
     split = has_engine_fields(records)
     slots = backend_slots(records) if split else None
-    analysis = {
+    analysis: dict[str, Any] = {
         "requests": len(records),
         "skipped_lines": skipped,
         "window": _window(records),
@@ -458,6 +460,8 @@ def analyze(
         "tenants": tenant_analysis(records, window_s=fairness_window_s),
         "retries": retry_analysis(records, window_s=storm_window_s, threshold=storm_share),
     }
+    if said:  # a log without them keeps its shape
+        analysis["gateway_said"] = list(said)
     predictor = predictor_accuracy(records, lanes=order)
     if predictor is not None:  # a log from before the gateway predicted keeps its old shape
         analysis["predictor"] = predictor

@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from gateway.tools.analyze.analyzer import TAIL_FRACTION, analyze, load_records
 from gateway.tools.analyze.report_text import format_report
 from gateway.tools.analyze.retries import STORM_SHARE, STORM_WINDOW_S
+from gateway.tools.analyze.said import sizing_warnings
 from gateway.tools.analyze.sources.detect import read_sources
 from gateway.tools.analyze.sources.verdicts import format_sources, source_analysis
 from gateway.tools.analyze.tenants import FAIRNESS_WINDOW_S
@@ -115,6 +116,7 @@ def main(args: argparse.Namespace) -> int:
     analysis = analyze(
         records,
         skipped=skipped,
+        said=sizing_warnings(lines),
         tail_fraction=args.tail_percent / 100,
         fairness_window_s=args.fairness_window,
         storm_window_s=args.storm_window,

@@ -176,6 +176,32 @@ def _cell(value: str, width: int, lead: str) -> tuple[list[str], str]:
     return [line], " " * width
 
 
+#: The figures a sizing warning is repeated with, in this order, where it has them.
+SAID_FIGURES = (
+    "slots",
+    "usable_slots",
+    "tail_slots",
+    "headroom_slots",
+    "demand_slots",
+    "hold_s",
+    "wait_allowance_s",
+    "deadline_s",
+    "engine_floor_s",
+)
+
+
+def said_lines(said: list[dict[str, Any]]) -> list[str]:
+    """The gateway's latest sizing warning of each kind per lane, with its figures and
+    hint (what no order of the queue fixes)."""
+    out = ["THE GATEWAY SAID (its latest sizing warning of each kind, per lane)"]
+    for line in said:
+        figures = ", ".join(f"{key} {line[key]}" for key in SAID_FIGURES if key in line)
+        out += _wrapped(f"{line.get('lane')}: {line['event']} ({figures})", indent="  ")
+        if line.get("hint"):
+            out += _wrapped(str(line["hint"]), indent="    ", more="    ")
+    return out
+
+
 def slot_lines(backends: dict[str, Any]) -> list[str]:
     """ENGINE SLOTS: per backend, who queued in the engine by how many were in flight."""
     out = [
@@ -250,6 +276,8 @@ def format_report(analysis: dict[str, Any]) -> str:
     retries = analysis.get("retries") or {}
     if retries.get("verdict") == "storm":
         out += ["  " + line for line in _wrapped(f"retries: {retries['verdict_text']}", "")]
+    if analysis.get("gateway_said"):
+        out += ["", *said_lines(analysis["gateway_said"])]
     if analysis.get("engine_split"):
         out += ["", *band_lines(lanes)]
         out += ["", *slot_lines(analysis.get("backends") or {})]

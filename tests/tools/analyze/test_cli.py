@@ -158,3 +158,37 @@ def test_cli_json_has_the_tenant_figures(tmp_path: Path, capsys: pytest.CaptureF
     lane = tenants["fairness"]["lanes"]["interactive"]
     assert lane["min_jain"] == 0.8 and lane["gap"]["max_gap"] == 1150.0
     assert lane["gap"]["bound"] == 300.0
+
+
+def test_the_gateways_sizing_warnings_are_repeated_beside_the_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A tail the queue's order cannot fix was named by the gateway at run time, in the
+    same stream: the report repeats the latest warning of each kind per lane."""
+    warning = {
+        "event": "lane_tail_needs_every_slot",
+        "level": "warning",
+        "lane": "interactive",
+        "slots": 8,
+        "tail_slots": 8,
+        "headroom_slots": 6,
+        "demand_slots": 3.1,
+        "hint": "give the engine more slots (vLLM --max-num-seqs)",
+    }
+    earlier = {**warning, "demand_slots": 2.4}
+    log = write_log(tmp_path / "gw.log", lane_with_slow_tail("interactive", 900.0, 100.0))
+    with log.open("a") as stream:
+        for said in (earlier, warning, {"event": "gateway_started", "level": "info"}):
+            stream.write(json.dumps(said) + "\n")
+    code, out, _ = run_cli([str(log), "--json", str(tmp_path / "out.json")], capsys)
+    assert code == 0
+    assert out.index("VERDICT") < out.index("THE GATEWAY SAID") < out.index("LATENCY")
+    words = " ".join(out.split())  # the lines are wrapped to the report's width
+    assert "interactive: lane_tail_needs_every_slot (slots 8, tail_slots 8" in words
+    assert "demand_slots 3.1" in words and "--max-num-seqs" in words
+    said = json.loads((tmp_path / "out.json").read_text())["gateway_said"]
+    assert [line["demand_slots"] for line in said] == [3.1]
+    # A log without such lines keeps its shape.
+    plain = write_log(tmp_path / "plain.log", lane_with_slow_tail("interactive", 900.0, 100.0))
+    run_cli([str(plain), "--json", str(tmp_path / "plain.json")], capsys)
+    assert "gateway_said" not in json.loads((tmp_path / "plain.json").read_text())
