@@ -228,9 +228,10 @@ class LaneState:
     #: How long its requests may wait for a slot beyond the engine floor, for its
     #: headroom's tail (`set_wait_allowance`; None: not known, the probability alone).
     wait_allowance_s: float | None = None
-    #: The slots its tail needs (None: no allowance applies); its headroom only when
-    #: that leaves the lanes below room (`_note_demand`).
+    #: The slots its tail needs (None: no allowance applies), and whether they are its
+    #: headroom: only where they leave the lanes below room (`_note_demand`).
     tail_slots: int | None = None
+    tail_in_force: bool = False
     #: Moving average of the tokens one request of this lane holds of an engine's batch
     #: tokens (its prompt and output budget): what its headroom is worth there.
     cost_ewma_tokens: float | None = None
@@ -462,7 +463,7 @@ class Scheduler:
             for other in lower
         ):
             return None
-        floors = sum(self._floor(other, [lane]) for other in lower)
+        floors = self._floors_below(lane)
         return max(1, min(lane.slot_limit, lane.capacity - floors))
 
     def pressing_lane(self, name: str) -> LaneState | None:
@@ -888,7 +889,7 @@ class Scheduler:
         lane.headroom = headroom_slots(lane.demand_slots, most, probability)
         allowance = self._allowance_holds(lane)
         if allowance is None:
-            lane.tail_slots = None
+            lane.tail_slots, lane.tail_in_force = None, False
             return
         # The tail decides where it leaves the lanes below a slot beyond their floors.
         # Where it would take them all, they would run by promotion alone (a CPU vLLM of
@@ -896,9 +897,13 @@ class Scheduler:
         # timed out instead of 3, for a short P99 still over the target): the
         # probability decides there, and the app says that only more slots hold the tail.
         lane.tail_slots = headroom_slots(lane.demand_slots, most, probability, allowance)
-        room = most - sum(self._floor(other, [lane]) for other in lane.lower)
-        if lane.tail_slots < room or not lane.lower:
+        lane.tail_in_force = not lane.lower or lane.tail_slots < most - self._floors_below(lane)
+        if lane.tail_in_force:
             lane.headroom = max(lane.headroom, lane.tail_slots)
+
+    def _floors_below(self, lane: LaneState) -> int:
+        """The slots the lanes below `lane` keep whatever its headroom (their floors)."""
+        return sum(self._floor(other, [lane]) for other in lane.lower)
 
     @staticmethod
     def _wait_probability(lane: LaneState) -> float:
@@ -941,9 +946,10 @@ class Scheduler:
                 else round(lane.wait_allowance_s, 3)
             ),
             "tail_slots": None if quiet else lane.tail_slots,
+            "tail_in_force": lane.tail_in_force,
             "reserved_by_higher": self.reserved_slots(name),
             "may_hold": self._limit(lane, now),
-            "floors_below": sum(self._floor(other, [lane]) for other in lane.lower),
+            "floors_below": self._floors_below(lane),
         }
 
     def reserved_slots(self, name: str) -> int:

@@ -510,9 +510,8 @@ class BackendSizer:
         CPU vLLM's 32-token answers: 2.4 s against 0.4 s): only more slots serve both."""
         figures = self.scheduler.headroom_figures(state.name)
         key = f"tail:{state.name}"
-        tail, floors = figures["tail_slots"], int(figures["floors_below"] or 0)
-        demand = float(figures["demand_slots"] or 0.0)
-        if not state.lower or tail is None or tail < state.capacity - floors or not demand:
+        tail, demand = figures["tail_slots"], float(figures["demand_slots"] or 0.0)
+        if tail is None or figures["tail_in_force"] or not demand:
             self._warned.pop(key, None)
             return
         if not changed_a_lot(self._warned.get(key, 0.0), demand, 1.2):

@@ -129,8 +129,8 @@ TWO_PART_NOTE = {
 # ----------------------------------------------------------------------------- reading
 
 
-def parse_line(line: str) -> Record | None:
-    """The request record on this line, or None for anything else.
+def json_line(line: str) -> dict[str, Any] | None:
+    """The JSON object on this line, or None for anything else.
 
     A prefix before the first `{` is tolerated because log collectors add one
     (`kubectl logs --timestamps`, `docker compose logs`).
@@ -143,9 +143,13 @@ def parse_line(line: str) -> Record | None:
         obj = json.loads(text[start:])
     except ValueError:
         return None
-    if not isinstance(obj, dict) or obj.get("event") != "request":
-        return None
-    return obj
+    return obj if isinstance(obj, dict) else None
+
+
+def parse_line(line: str) -> Record | None:
+    """The request record on this line (`json_line`), or None for anything else."""
+    obj = json_line(line)
+    return obj if obj is not None and obj.get("event") == "request" else None
 
 
 def load_records(lines: Iterable[str]) -> tuple[list[Record], int]:

@@ -12,9 +12,10 @@ the reader of the report sees the lever without the rest of the stream.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
+
+from gateway.tools.analyze.analyzer import json_line
 
 #: The warnings the report repeats (each names a fix no scheduling order gives).
 SIZING_WARNINGS = (
@@ -30,12 +31,8 @@ def sizing_warnings(lines: Iterable[str]) -> list[dict[str, Any]]:
     for line in lines:
         if "lane_" not in line:  # cheap: most lines are requests
             continue
-        start = line.find("{")
-        try:
-            said = json.loads(line[start:]) if start >= 0 else None
-        except ValueError:
-            continue
-        if not isinstance(said, dict) or said.get("event") not in SIZING_WARNINGS:
+        said = json_line(line)
+        if said is None or said.get("event") not in SIZING_WARNINGS:
             continue
         latest[(str(said["event"]), str(said.get("lane")))] = said
     return list(latest.values())
