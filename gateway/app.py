@@ -221,6 +221,8 @@ def build_pool(
         fair_share=settings.tenants.fair_share,
         capacities=slots,
     )
+    # Who may be preempted is decided per backend, as each request is sent (proxy.send).
+    scheduler.max_preemptions = settings.preemption.max_per_request
     pool.on_available = scheduler.notify_capacity
     pool.events = events
     health = HealthMonitor(pool, settings.health, events)

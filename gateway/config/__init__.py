@@ -24,7 +24,7 @@ items, and `none` (or nothing) clears an optional key.
 The package holds one module per section (`server`, `limits` with [tokenizer], `backends`,
 `models`, `lanes`, `tenants` with [[api_keys]], `timeouts` with [health], `routing`,
 `retries`, `observability` ([logging], [tracing]), `shadow`, `redis`, `resume`,
-`discovery`), `settings` (the
+`preemption`, `discovery`), `settings` (the
 whole), `loading` (the sources in order), `environment` (GATEWAY_* names), `messages`
 (msgspec's errors as one line naming the key) and `checks` (the rules across fields and
 the warnings of `check-config`). Import from here: `from gateway.config import Settings`.
@@ -53,6 +53,7 @@ from gateway.config.limits import LimitsSettings, TokenizerSettings
 from gateway.config.loading import load_settings, validate
 from gateway.config.models import ModelLimits, ModelSettings, ModelTarget, model_limits
 from gateway.config.observability import LoggingSettings, TracingSettings
+from gateway.config.preemption import PreemptionSettings
 from gateway.config.redis import RedisSettings
 from gateway.config.resume import ResumeSettings
 from gateway.config.retries import RetrySettings
@@ -87,6 +88,7 @@ __all__ = [
     "Positive",
     "PositiveFloat",
     "RedisSettings",
+    "PreemptionSettings",
     "ResumeSettings",
     "RetrySettings",
     "RoutingSettings",

@@ -16,6 +16,7 @@ from gateway.config.lanes import LaneSettings, default_lanes, slot_limit
 from gateway.config.limits import LimitsSettings, TokenizerSettings
 from gateway.config.models import ModelSettings
 from gateway.config.observability import LoggingSettings, TracingSettings
+from gateway.config.preemption import PreemptionSettings
 from gateway.config.redis import RedisSettings
 from gateway.config.resume import ResumeSettings
 from gateway.config.retries import RetrySettings
@@ -47,6 +48,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     tracing: TracingSettings = field(default_factory=TracingSettings)
     redis: RedisSettings = field(default_factory=RedisSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
+    preemption: PreemptionSettings = field(default_factory=PreemptionSettings)
     discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +88,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {
     "tracing": TracingSettings,
     "redis": RedisSettings,
     "resume": ResumeSettings,
+    "preemption": PreemptionSettings,
     "discovery": DiscoverySettings,
 }
 ARRAYS: dict[str, type[msgspec.Struct]] = {

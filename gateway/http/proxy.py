@@ -33,7 +33,7 @@ from gateway.dialects.base import Dialect
 from gateway.fleet.leases import SlotLeases, leased
 from gateway.fleet.quotas import QuotaReservation
 from gateway.http.errors import error_response, in_band_error, refusal_body, status_of
-from gateway.http.keepalive import WAITING, EarlyStream
+from gateway.http.keepalive import QUEUED, WAITING, EarlyStream
 from gateway.observability.record import RequestRecord, clock
 from gateway.observability.trace_context import TraceContext
 from gateway.observability.tracing import incoming_trace
@@ -53,7 +53,7 @@ from gateway.upstream.dispatch import dispatch
 from gateway.upstream.learn import learn_from, split_time
 from gateway.upstream.models import Route as ModelRoute
 from gateway.upstream.pool import Backend, BackendPool, RouteHint
-from gateway.upstream.relay import RelayPlan
+from gateway.upstream.relay import Preempted, RelayPlan
 from gateway.upstream.resume import Resumer
 from gateway.upstream.seam import DISABLED, NO_BACKEND, REQUEST_SHAPE, RelayedEvents, Seam
 from gateway.upstream.stall import StallRule
@@ -393,6 +393,8 @@ class Flight:
     backend_body: bytes = field(init=False)
     hint: RouteHint = field(init=False)
     leases: SlotLeases | None = None
+    #: When its request was last sent to a backend (the time a preemption loses).
+    sent_at: float | None = None
 
     @property
     def pool(self) -> BackendPool:
@@ -605,32 +607,35 @@ STAGES: tuple[Callable[[Flight], Awaitable[None]], ...] = (
 
 async def send(flight: Flight) -> web.StreamResponse:
     """Dispatch on the granted backend: retried elsewhere before its first byte, resumed
-    elsewhere after it (`upstream/dispatch.py`, `upstream/resume.py`)."""
+    elsewhere after it (`upstream/dispatch.py`, `upstream/resume.py`); preempted before
+    its first byte, back in its lane's line and sent again (`scheduling/preemption.py`)."""
     state, shape, record, dialect = flight.state, flight.shape, flight.record, flight.dialect
-    held, scheduler, budget, headers = (
-        flight.grant,
-        flight.scheduler,
-        flight.admission.budget,
-        flight.headers,
-    )
-    assert held is not None
-    record.dispatched = clock()
-    record.cached_tokens_expected = held.slot.cached_tokens
-    record.routed_by = held.slot.reason
+    scheduler, budget, headers = flight.scheduler, flight.admission.budget, flight.headers
+
+    def held() -> Grant:
+        grant = flight.grant
+        assert grant is not None
+        return grant
+
     early = flight.early
-    if early is not None:
-        early.phase = WAITING
-        early.queue_ms = record.queue_ms
-    if not shape.stream:
-        flight.prefill_timer = end_prefill_when_predicted(scheduler, held)
-    headers.update(queue_headers(record.queue_ms))
     # By name: a reload may have changed the lane's settings since it was admitted.
     priority = [lane.name for lane in state.settings.lanes].index(flight.admission.lane.name)
     blocked = resume_blocked(state, dialect, shape, flight.pool)
     stall = None if blocked else state.stall_rule
 
+    def on_sent(preempt: Callable[[], None]) -> None:
+        """Sent before its first byte: the scheduler may preempt it there (where this
+        backend's engine gains from it), and it preempts for it (the highest lane)."""
+        if record.first_byte is not None:
+            return  # an answer carried over: past its prefill for good
+        grant = held()
+        backend = grant.slot.backend
+        preemptible = flight.leases is None and state.settings.preemption.applies_to(backend.engine)
+        flight.sent_at = clock()
+        scheduler.sent(grant, backend.name, preempt if preemptible else None)
+
     def plan_for(backend: Backend, body: bytes = flight.backend_body) -> RelayPlan:
-        return relay_plan(
+        plan = relay_plan(
             backend,
             body,
             dialect=dialect,
@@ -638,13 +643,15 @@ async def send(flight: Flight) -> web.StreamResponse:
             request_id=record.request_id,
             priority=priority,
             response_headers=headers,
-            on_first_byte=lambda: scheduler.prefill_done(held),
+            on_first_byte=lambda: scheduler.prefill_done(held()),
             early=early,
             trace=record.trace,
             relayed=None if blocked else RelayedEvents(state.settings.resume.buffer_bytes),
             resume_blocked=blocked,
             stall=stall,
         )
+        plan.on_sent = on_sent
+        return plan
 
     def continue_for(backend: Backend, seam: Seam) -> RelayPlan | None:
         fields = dialect.continuation(
@@ -653,37 +660,84 @@ async def send(flight: Flight) -> web.StreamResponse:
         return None if fields is None else plan_for(backend, encode_backend_body(fields))
 
     def move_elsewhere() -> bool:
-        reassigned = scheduler.reassign(held, shape.prompt_tokens, budget.total, flight.hint)
-        return moved(reassigned, flight.leases, held)
+        grant = held()
+        reassigned = scheduler.reassign(grant, shape.prompt_tokens, budget.total, flight.hint)
+        return moved(reassigned, flight.leases, grant)
 
     def carry_elsewhere() -> bool:
         """For a resume: another backend's free slot, else a place over its limit."""
         if move_elsewhere():
             return True
-        lane = record.lane
-        slot = None if lane is None else flight.pool.take_over(lane, held.slot)
+        lane, grant = record.lane, held()
+        slot = None if lane is None else flight.pool.take_over(lane, grant.slot)
         if slot is None:
             return False
-        flight.pool.give_back(held.slot)
-        held.slot = slot
+        flight.pool.give_back(grant.slot)
+        grant.slot = slot
         scheduler.notify_capacity()  # what the old slot freed goes to the queue
-        return moved(True, flight.leases, held)
+        return moved(True, flight.leases, grant)
 
     state.shadow.offer(record, dialect, shape, flight.backend_body, flight.route)  # own task
-    return await dispatch(
-        flight.request,
-        record,
-        upstream=state.upstream,
-        pool=flight.pool,
-        backend=lambda: held.slot.backend,
-        plan_for=plan_for,
-        move_elsewhere=move_elsewhere,
-        resumer=Resumer(
-            state.settings.resume.max_resumes,
-            move_elsewhere=carry_elsewhere,
-            backend=lambda: held.slot.backend,
-            continue_for=continue_for,
-        ),
+    while True:
+        dispatched(flight)
+        try:
+            return await dispatch(
+                flight.request,
+                record,
+                upstream=state.upstream,
+                pool=flight.pool,
+                backend=lambda: held().slot.backend,
+                plan_for=plan_for,
+                move_elsewhere=move_elsewhere,
+                resumer=Resumer(
+                    state.settings.resume.max_resumes,
+                    move_elsewhere=carry_elsewhere,
+                    backend=lambda: held().slot.backend,
+                    continue_for=continue_for,
+                ),
+            )
+        except Preempted:
+            await back_in_line(flight)
+
+
+def dispatched(flight: Flight) -> None:
+    """The request leaves the queue for its granted backend (again, after a preemption)."""
+    record, grant, early = flight.record, flight.grant, flight.early
+    assert grant is not None
+    record.dispatched = clock()
+    record.cached_tokens_expected = grant.slot.cached_tokens
+    record.routed_by = grant.slot.reason
+    if early is not None:
+        early.phase = WAITING
+        early.queue_ms = record.queue_ms
+    if not flight.shape.stream:
+        flight.prefill_timer = end_prefill_when_predicted(flight.scheduler, grant)
+    flight.headers.update(queue_headers(record.queue_ms))
+
+
+async def back_in_line(flight: Flight) -> None:
+    """Preempted before its first byte: its slot back, the time it spent at the engine
+    noted, and a slot again from the head of its lane's line within its queue deadline
+    (a QueueTimeout past it: the client is answered as any request that waited too
+    long). Its stream, if it began, goes on with keep-alive comments meanwhile."""
+    record, grant, early = flight.record, flight.grant, flight.early
+    assert grant is not None and record.lane is not None
+    record.preempted += 1
+    if flight.sent_at is not None:
+        record.preempted_s += clock() - flight.sent_at
+    if flight.prefill_timer is not None:
+        flight.prefill_timer.cancel()
+        flight.prefill_timer = None
+    if early is not None:
+        early.phase = QUEUED
+    flight.grant = None  # (the scheduler gives it back: settle must not release it again)
+    flight.grant = await flight.scheduler.requeue(
+        grant,
+        flight.shape.prompt_tokens,
+        flight.admission.budget.total,
+        deadline_s=record.deadline_s or flight.scheduler.deadline_for(record.lane),
+        hint=flight.hint,
+        preempted=True,
     )
 
 

@@ -214,6 +214,13 @@ class GatewayMetrics:
             ["why"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "gateway_preemptions",
+            "Requests preempted in prefill for a request of a higher lane and sent again "
+            "([preemption]), by their lane: each counts once per preemption.",
+            ["lane"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
@@ -238,6 +245,8 @@ class GatewayMetrics:
                 self.resumes.labels(left, record.resume_reason or "broken").inc()
         if record.resume_failed is not None:
             self.resumes_failed.labels(record.resume_failed).inc()
+        if record.preempted:
+            self.preemptions.labels(lane or "none").inc(record.preempted)
         if lane is None:
             return
         series = self._lane_series.get(lane)

@@ -86,6 +86,11 @@ class RequestRecord:
     resumed_from: list[str] | None = None
     resume_reason: str | None = None
     resume_failed: str | None = None
+    #: Times it was preempted in prefill for a request of a higher lane and sent again
+    #: (`scheduling/preemption.py`), and the seconds it had spent at engines before
+    #: those preemptions (lost to its first token; its queue wait counts them too).
+    preempted: int = 0
+    preempted_s: float = 0.0
     #: The queue wait predicted at arrival, and the queue deadline in force (seconds).
     predicted_wait_s: float | None = None
     deadline_s: float | None = None
@@ -194,6 +199,8 @@ class RequestRecord:
             "resumed_from": self.resumed_from,
             "resume_reason": self.resume_reason,
             "resume_failed": self.resume_failed,
+            "preempted": self.preempted,
+            "preempted_ms": _seconds_as_ms(self.preempted_s) if self.preempted else None,
             "predicted_wait_ms": _seconds_as_ms(self.predicted_wait_s),
             "deadline_ms": _seconds_as_ms(self.deadline_s),
             "retry_after_s": self.retry_after_s,

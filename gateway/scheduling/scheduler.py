@@ -34,6 +34,11 @@ means served. A request's deadline is its lane's (exactly as written,
 or fitted to a slow engine where the operator left it unset) or the client's
 own, whichever is shorter.
 
+A request of the highest lane that would wait, for a slot or behind a lower lane's
+prompt in prefill on its engine, may preempt such a prompt (`preemption.py`, off unless
+`max_preemptions` is set): the caller says when a request is sent and how to cancel it
+(`sent`), and a preempted one comes back through `requeue`.
+
 The scheduler knows nothing about HTTP or backends: a `SlotSource` hands out
 the actual slot (a backend) and says when none is free for a lane. It reads
 one clock, passed in, and keeps no other state than its queues and figures.
@@ -46,7 +51,7 @@ import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +61,7 @@ from gateway.scheduling.fairness import FairQueue, TokenCost
 from gateway.scheduling.headroom import WAIT_PROBABILITY, ArrivalRate, headroom_slots
 from gateway.scheduling.known_wait import MAX_AHEAD
 from gateway.scheduling.learning import WindowedMedian
+from gateway.scheduling.preemption import InPrefill, LaneRule, victims
 
 #: Weight of the newest slot-hold sample in the per-lane moving average.
 HOLD_EWMA_ALPHA = 0.2
@@ -154,6 +160,16 @@ class Grant:
     charged: float = 0.0
     #: ... to what it cost (uncached prompt + weighted output; None until released).
     cost: float | None = None
+    #: Times its request was preempted before this grant (`requeue`), and when it was
+    #: first sent to an engine (None: not yet).
+    preemptions: int = 0
+    first_sent_at: float | None = None
+    #: While sent and before its first token: what may preempt it (`Scheduler.sent`).
+    prefill: InPrefill | None = None
+
+    @property
+    def enqueued_at(self) -> float:
+        return self.granted_at - self.queued_s
 
 
 @dataclass(slots=True)
@@ -179,6 +195,13 @@ class _Waiter:
     timer: asyncio.TimerHandle | None = None
     #: What the slot source may route it by (its prompt's prefix, its session).
     hint: Any = None
+    #: Times it was preempted (it is back in line after that), and when it was first
+    #: sent to an engine.
+    preemptions: int = 0
+    first_sent_at: float | None = None
+    #: Back in line after it had a slot (`requeue`): its next grant is not a new
+    #: dispatch, and its wait (counted from its arrival) no sample of the queue's.
+    again: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -285,6 +308,12 @@ class Scheduler:
         self.on_waiting: Callable[[str, bool], None] | None = None
         #: What a request costs its tenant (the output weight is learned by the sizer).
         self.cost = TokenCost()
+        #: Most times one request may be preempted (`preemption.py`); 0: never.
+        self.max_preemptions = 0
+        #: The requests sent and not yet past their prefill (`sent`), and those preempted
+        #: whose slot has not come back yet (`requeue`, `release`).
+        self._in_prefill: set[InPrefill] = set()
+        self._preempting: set[InPrefill] = set()
 
     def _link(self, competes: Callable[[str, str], bool] | None) -> None:
         """Each lane's higher lanes (those before it that share a backend) and lower ones."""
@@ -683,12 +712,15 @@ class Scheduler:
         *,
         deadline_s: float,
         hint: Any = None,
+        preempted: bool = False,
     ) -> Grant:
         """The slot of `grant` turned out unusable (with [redis]: the other replicas hold
-        that backend's slots): give it back and wait again at the front of the line, with
-        the time waited so far counted against `deadline_s`, the request's queue deadline.
-        No arrival refusal applies: the request was admitted already."""
+        that backend's slots), or its request was `preempted`: give it back and wait again
+        at the front of the line, with the time waited so far counted against
+        `deadline_s`, the request's queue deadline. No arrival refusal applies: the
+        request was admitted already."""
         lane = self._by_name[grant.lane]
+        self._forget_prefill(grant)
         grant.released = True
         lane.in_flight -= 1
         lane.queue.refund(grant.tenant, grant.charged)
@@ -702,6 +734,9 @@ class Scheduler:
             asyncio.get_running_loop().create_future(),
             grant.tenant,
             hint=hint,
+            preemptions=grant.preemptions + preempted,
+            first_sent_at=grant.first_sent_at,
+            again=True,
         )
         lane.queue.push_front(waiter)
         self._note_queue(lane)
@@ -765,6 +800,7 @@ class Scheduler:
         output)."""
         if grant.released:
             return
+        self._forget_prefill(grant)
         grant.released = True
         lane = self._by_name[grant.lane]
         now = self._now()
@@ -786,8 +822,81 @@ class Scheduler:
     def prefill_done(self, grant: Grant) -> None:
         """The backend started answering: its prefill budget may admit the next prompt."""
         if not grant.released:
+            self._forget_prefill(grant)
             self._source.prefill_done(grant.slot)
             self._dispatch()
+
+    # -- preemption ------------------------------------------------------------------------
+
+    def sent(
+        self, grant: Grant, engine: Hashable, cancel: Callable[[], None] | None = None
+    ) -> None:
+        """`grant`'s request was sent to `engine` (a key: the backend) and has no first
+        token yet. A request of the highest lane preempts the lower lanes' prompts in
+        prefill there (they would delay its own); another may be preempted until its
+        first token (`prefill_done`) by calling `cancel` (None: it may not be)."""
+        if grant.released:
+            return
+        self._forget_prefill(grant)  # sent again (a retry on another backend)
+        now = self._now()
+        if grant.first_sent_at is None:
+            grant.first_sent_at = now
+        lane = self._by_name[grant.lane]
+        if not lane.higher and lane.lower and self.max_preemptions:
+            for victim in self._victims(lane, engine):
+                self._preempt(victim)
+        if lane.higher and cancel is not None:
+            grant.prefill = InPrefill(
+                grant.lane,
+                engine,
+                grant.enqueued_at,
+                grant.first_sent_at,
+                now,
+                grant.preemptions,
+                cancel,
+            )
+            self._in_prefill.add(grant.prefill)
+
+    def _victims(self, lane: LaneState, engine: Hashable | None = None) -> list[InPrefill]:
+        """What a waiting request of `lane` may preempt (`preemption.victims`), best first."""
+        if not self._in_prefill:
+            return []
+        rules = {
+            other.name: LaneRule(index, other.deadline_s, other.settings.promote_after_s)
+            for index, other in enumerate(self._lanes)
+        }
+        return victims(
+            self._in_prefill,
+            rules,
+            above_rank=self._lanes.index(lane),
+            now=self._now(),
+            max_per_request=self.max_preemptions,
+            engine=engine,
+        )
+
+    def _preempt(self, victim: InPrefill) -> None:
+        """Cancel `victim` at its engine; its slot comes back through `requeue`."""
+        self._in_prefill.discard(victim)
+        self._preempting.add(victim)
+        cancel, victim.cancel = victim.cancel, None
+        assert cancel is not None
+        cancel()
+
+    def _preempt_for_waiting(self, lane: LaneState) -> None:
+        """The highest lane has requests no slot was found for: preempt one prompt in
+        prefill of a lower lane for each of them not yet covered by a preemption under
+        way (its slot is on its way back)."""
+        if lane.higher or not lane.lower or not self.max_preemptions:
+            return
+        wanted = len(lane.queue) - len(self._preempting)
+        for victim in self._victims(lane)[: max(0, wanted)]:
+            self._preempt(victim)
+
+    def _forget_prefill(self, grant: Grant) -> None:
+        if grant.prefill is not None:
+            self._in_prefill.discard(grant.prefill)
+            self._preempting.discard(grant.prefill)
+            grant.prefill = None
 
     def reassign(
         self, grant: Grant, prompt_tokens: int, output_tokens: int, hint: Any = None
@@ -866,13 +975,23 @@ class Scheduler:
             self._note_queue(lane)
             lane.in_flight += 1
             waited = now - waiter.enqueued_at
-            lane.wait_per_place.add(waited / waiter.position)
-            lane.recent_waits.append(waited)
-            lane.last_wait_at = now
-            lane.dispatched_at.append(now)
+            if not waiter.again:  # (a request back in line: its wait is no queue's sample)
+                lane.wait_per_place.add(waited / waiter.position)
+                lane.recent_waits.append(waited)
+                lane.last_wait_at = now
+                lane.dispatched_at.append(now)
             lane.progressed_at = now
             waiter.future.set_result(
-                Grant(lane.name, slot, waited, now, tenant=waiter.tenant, charged=charged)
+                Grant(
+                    lane.name,
+                    slot,
+                    waited,
+                    now,
+                    tenant=waiter.tenant,
+                    charged=charged,
+                    preemptions=waiter.preemptions,
+                    first_sent_at=waiter.first_sent_at,
+                )
             )
             return True
         return False
@@ -1077,6 +1196,7 @@ class Scheduler:
                 keep_batch_tokens=kept_tokens,
             )
             if slot is None:
+                self._preempt_for_waiting(lane)
                 break  # no slot for this lane at all
             if not isinstance(slot, Deferred):
                 return waiter, slot

@@ -162,6 +162,7 @@ class Membership:
             )
             # Which lanes compete, their slot limits and deadlines: from the new members.
             each.scheduler.reconfigure(settings.lanes, each.pool.shares_backends)
+            each.scheduler.max_preemptions = settings.preemption.max_per_request
             each.sizer.refit()
         self._set_pools(settings, list(pools.values()))
         for each, backend in fresh:

@@ -160,6 +160,9 @@ class BackendFailure(BackendError):
 BROKEN, STALLED, DRAINED = "broken", "stalled", "drained"
 #: The watchdog's expiries that, mid-answer, are a stalled backend (resumed elsewhere).
 STALL_KINDS = frozenset({"stall", "idle"})
+#: The watchdog's expiry when the scheduler preempts the request before its first byte
+#: (`scheduling/preemption.py`): the relay raises `Preempted`, the handler requeues it.
+PREEMPTED = "preempted"
 #: The watchdog's expiry when this gateway stops (SIGTERM's drain deadline, `app.drain`):
 #: the stream ends here with a `shutting_down` event, and its slot is given back.
 SHUTDOWN = "shutdown"
@@ -171,6 +174,12 @@ def shutdown_cut() -> ShuttingDown:
         "This gateway is shutting down; retry the request on another instance.",
         retry_after_s=1,
     )
+
+
+class Preempted(Exception):
+    """The scheduler took the request's engine back before its first byte: its backend
+    connection is closed (the engine aborts it) and nothing reached the client but
+    keep-alive comments; it waits in its lane's line again."""
 
 
 class StreamBroken(Exception):
@@ -274,6 +283,11 @@ class Watchdog:
         if self.expired is None:
             self._expire(DRAINED)
 
+    def preempt(self) -> None:
+        """The scheduler preempts the request: only before the backend's first byte."""
+        if self.expired is None and not self.streaming:
+            self._expire(PREEMPTED)
+
     def shut_down(self) -> None:
         """The gateway's own drain deadline came: end the request here (`app.drain`)."""
         if self.expired is None:  # (one being handed over has its next leg's watchdog)
@@ -324,6 +338,8 @@ class RelayPlan:
     resume_blocked: str | None = None
     #: When a silence mid-answer is a stall (with `relayed`: a stall is resumed elsewhere).
     stall: StallRule | None = None
+    #: Called as the request is sent, with what preempts it before its first byte.
+    on_sent: Callable[[Callable[[], None]], None] | None = None
 
 
 async def relay(
@@ -342,6 +358,8 @@ async def relay(
     client_response: web.StreamResponse | None = None
     streams = plan.backend.streams
     streams.add(watchdog)  # a drain may hand it over
+    if plan.on_sent is not None:
+        plan.on_sent(watchdog.preempt)
     try:
         backend_response = await upstream.post(
             plan.backend, plan.dialect.backend_path, plan.body, plan.headers
@@ -362,6 +380,8 @@ async def relay(
     except asyncio.CancelledError:
         if not watchdog.timed_out():
             raise
+        if watchdog.expired == PREEMPTED:
+            raise Preempted(f"Preempted on {plan.backend.name} before its first byte.") from None
         if watchdog.expired == SHUTDOWN:
             if client_response is None or not watchdog.streaming:
                 raise shutdown_cut() from None  # the handler answers 503

@@ -48,8 +48,10 @@ class EngineProfile:
 
 
 def _sim(**knobs: float | int | str | bool) -> SimulatorConfig:
-    """An engine model without a prefix cache (the matrix's prompts share nothing)."""
-    return SimulatorConfig(prefix_cache=False, **knobs)  # type: ignore[arg-type]
+    """An engine model with its prefix cache, as the engines modelled run by default. The
+    matrix's prompts share nothing, so it serves only a prompt sent again after a
+    preemption (`replay.runs.own_blocks`): what that prompt had prefilled."""
+    return SimulatorConfig(**knobs)  # type: ignore[arg-type]
 
 
 PROFILES: tuple[EngineProfile, ...] = (

@@ -35,6 +35,7 @@ from gateway.tools.replay.vclock import run_virtual
 from gateway.tools.simulator.config import SimulatorConfig
 from gateway.tools.simulator.engine import Engine, TokenEvent
 from gateway.tools.simulator.engine import Sequence as EngineSequence
+from gateway.tools.simulator.prefix_cache import PromptBlocks, prompt_blocks
 from gateway.upstream.learn import learn_from, split_time
 from gateway.upstream.pool import RouteHint
 from gateway.upstream.sizing import BackendSizer
@@ -83,6 +84,11 @@ class TokenWatch:
         self._first[id(seq)], self._end[id(seq)] = first, end
         return first, end
 
+    def forget(self, seq: EngineSequence) -> None:
+        """An aborted sequence: its futures will never be set."""
+        self._first.pop(id(seq), None)
+        self._end.pop(id(seq), None)
+
     def _token(self, seq: EngineSequence, event: TokenEvent) -> None:
         first = self._first.pop(id(seq), None)
         if first is not None and seq.first_token is not None:
@@ -90,6 +96,24 @@ class TokenWatch:
         if event.finish_reason is not None:
             end = self._end.pop(id(seq))
             end.set_result(seq.end if seq.end is not None else seq.first_token or 0.0)
+
+
+def _setter(future: asyncio.Future[None]) -> Callable[[], None]:
+    def set_it() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    return set_it
+
+
+def own_blocks(index: int, config: SimulatorConfig, prompt_tokens: int) -> PromptBlocks | None:
+    """Request `index`'s prompt as blocks of its own, for the engine's prefix cache: sent
+    again after a preemption, it finds what its first attempt prefilled (nothing else
+    shares them). None without a prefix cache."""
+    if not config.prefix_cache:
+        return None
+    tokens = config.backend_tokens(prompt_tokens)
+    return prompt_blocks(range(index << 24, (index << 24) + tokens), config.block_tokens)
 
 
 def classify(arrival: Arrival, settings: Settings, token_ratio: float = 1.0) -> str:
@@ -235,16 +259,41 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
                 )
             finally:
                 record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
-            record.dispatched = loop.time()
-            record.attempts = 1
-            record.backend = grant.slot.backend.name
-            record.engine = grant.slot.backend.engine
-            engine = engines[record.backend]
-            seq = running[record.backend].submit(
-                engine.config.backend_tokens(arrival.prompt_tokens), budget.max_tokens
-            )
-            first, end = watch.track(seq)
-            result.first_token = record.first_byte = record.first_token = await first
+            blocks = None
+            while True:
+                record.dispatched = loop.time()
+                record.attempts += 1
+                backend = grant.slot.backend
+                record.backend, record.engine = backend.name, backend.engine
+                engine = engines[record.backend]
+                preemptible = settings.preemption.applies_to(backend.engine)
+                if preemptible and blocks is None:
+                    blocks = own_blocks(index, engine.config, arrival.prompt_tokens)
+                seq = running[record.backend].submit(
+                    engine.config.backend_tokens(arrival.prompt_tokens),
+                    budget.max_tokens,
+                    blocks=blocks,
+                )
+                first, end = watch.track(seq)
+                preempted: asyncio.Future[None] = loop.create_future()
+                scheduler.sent(grant, backend.name, _setter(preempted) if preemptible else None)
+                await asyncio.wait((first, preempted), return_when=asyncio.FIRST_COMPLETED)
+                if first.done():
+                    break
+                running[record.backend].abort(seq)  # the engine connection closed
+                watch.forget(seq)
+                record.preempted += 1
+                record.preempted_s += loop.time() - record.dispatched
+                grant, held = None, grant
+                grant = await scheduler.requeue(
+                    held,
+                    arrival.prompt_tokens,
+                    budget.total,
+                    deadline_s=record.deadline_s or scheduler.deadline_for(lane),
+                    hint=hint,
+                    preempted=True,
+                )
+            result.first_token = record.first_byte = record.first_token = first.result()
             scheduler.prefill_done(grant)
             result.end = record.end = await end
             record.completion_tokens = seq.generated

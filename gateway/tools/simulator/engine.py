@@ -254,11 +254,13 @@ class Engine:
         max_tokens: int,
         blocks: PromptBlocks | None = None,
         adapter: str | None = None,
+        seed: int | None = None,
     ) -> Sequence:
         """Queue a sequence FIFO behind everything already waiting.
 
         `blocks`: the prompt's hashed blocks, for the prefix cache (None: bypass it);
-        `adapter`: the served LoRA adapter it runs with (None: the base model).
+        `adapter`: the served LoRA adapter it runs with (None: the base model); `seed`:
+        the request's own (its words are then the same every time it is sent).
         """
         if self._stopped:
             raise EngineStopped("the simulator engine is stopped")
@@ -269,7 +271,9 @@ class Engine:
             prompt_tokens=prompt_tokens,
             max_tokens=max(1, max_tokens),
             arrival=self.now(),
-            rng=random.Random(f"{self.config.seed}-{seq_id}"),
+            rng=random.Random(
+                f"{self.config.seed}-{seq_id}" if seed is None else f"{self.config.seed}-s{seed}"
+            ),
             blocks=blocks,
             adapter=adapter,
         )

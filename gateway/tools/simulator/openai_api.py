@@ -70,6 +70,8 @@ class _Params:
     #: What it was asked to continue, and how (`RequestInfo.continued`).
     continued: str | None = None
     continue_form: str | None = None
+    #: The request's `seed`: the same seed, the same words (as vLLM samples with it).
+    seed: int | None = None
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -179,7 +181,11 @@ async def _generate(request: web.Request, route: Route) -> web.StreamResponse:
     response: web.StreamResponse
     try:
         seq = engine.submit(
-            params.prompt_tokens, params.max_tokens, params.blocks, adapter=params.adapter
+            params.prompt_tokens,
+            params.max_tokens,
+            params.blocks,
+            adapter=params.adapter,
+            seed=params.seed,
         )
     except EngineStopped:
         response = _error_response(_STOPPING)
@@ -281,9 +287,12 @@ async def _parse(request: web.Request, route: Route, state: SimulatorState) -> _
             "in the completion). Please reduce the length of the prompt or completion.",
             param="max_tokens",
         )
+    seed = body.get("seed")
+    if seed is not None and type(seed) is not int:
+        raise invalid_request("'seed' must be an integer", "seed")
     return _Params(
         model, stream, include_usage, max_tokens, prompt_tokens, blocks, adapter,
-        continued, continue_form,
+        continued, continue_form, seed,
     )  # fmt: skip
 
 

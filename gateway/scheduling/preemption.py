@@ -1,0 +1,88 @@
+"""Which request in prefill gives its engine back to a waiting short one (issue #53).
+
+A request that reaches an engine while a long prompt is in prefill there waits for that
+prefill: the engine floor, below which no scheduler that only decides *when* to send can
+go. A request of the highest lane may go below it by taking the place of a lower lane's
+request whose first token has not come: that one is cancelled at the engine (its
+connection closed: vLLM, SGLang, TGI and llama.cpp abort on disconnect) and goes back to
+the head of its lane's line; its client sees a longer wait, then its whole answer, once.
+With prefix caching (vLLM's default, llama.cpp's `cache_prompt`) the blocks it had
+prefilled stay cached, so the prompt sent again pays only for what was left.
+
+Bounded so that it cannot starve what it preempts: a request is preempted at most
+`max_per_request` times, never once it has waited past its lane's promotion age (it is
+then starved, and served before the higher lanes), and never once half its queue deadline
+is spent (it goes back to its line with that deadline, counted from its arrival).
+
+Pure: plain data and a clock passed in; the scheduler keeps the registry and acts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+#: A request whose wait since its arrival has used this share of its queue deadline is
+#: not preempted: back in its line, it would risk that deadline for someone else's turn.
+DEADLINE_SHARE_LEFT = 0.5
+
+
+@dataclass(slots=True, eq=False)
+class InPrefill:
+    """A request sent to an engine whose first token has not come yet (what may be
+    preempted: `cancel` closes its engine connection)."""
+
+    lane: str
+    #: The engine it runs on (a key: requests on the same one delay each other).
+    engine: Hashable
+    #: When it arrived in its lane's line, when it was first sent to an engine (before
+    #: any preemption), and when it was sent to this one.
+    enqueued_at: float
+    first_sent_at: float
+    sent_at: float
+    #: Times it was preempted already.
+    preemptions: int
+    cancel: Callable[[], None] | None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneRule:
+    """What bounds the preemption of one lane's requests."""
+
+    #: Lanes may preempt this one's requests only from above (its index in the lanes).
+    rank: int
+    deadline_s: float
+    promote_after_s: float | None
+
+
+def may_preempt(victim: InPrefill, rule: LaneRule, now: float, max_per_request: int) -> bool:
+    """`victim` may be preempted now: within its count, held back by preemptions for less
+    than its lane's promotion age, with more than DEADLINE_SHARE_LEFT of its queue
+    deadline left."""
+    if victim.cancel is None or victim.preemptions >= max_per_request:
+        return False
+    if rule.promote_after_s is not None and now - victim.first_sent_at >= rule.promote_after_s:
+        return False
+    return now - victim.enqueued_at < (1 - DEADLINE_SHARE_LEFT) * rule.deadline_s
+
+
+def victims(
+    in_prefill: Iterable[InPrefill],
+    rules: dict[str, LaneRule],
+    *,
+    above_rank: int,
+    now: float,
+    max_per_request: int,
+    engine: Hashable | None = None,
+) -> list[InPrefill]:
+    """The requests a waiting request of rank `above_rank` may preempt, best first: of a
+    lower lane (the lowest first), on `engine` (None: any), and allowed by their bounds;
+    among equals the latest sent (the least prefill lost, the most left to delay)."""
+    found = [
+        each
+        for each in in_prefill
+        if rules[each.lane].rank > above_rank
+        and (engine is None or each.engine == engine)
+        and may_preempt(each, rules[each.lane], now, max_per_request)
+    ]
+    return sorted(found, key=lambda each: (-rules[each.lane].rank, -each.sent_at))
