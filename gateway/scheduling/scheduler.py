@@ -258,6 +258,8 @@ class LaneState:
     #: Moving average of the tokens one request of this lane holds of an engine's batch
     #: tokens (its prompt and output budget): what its headroom is worth there.
     cost_ewma_tokens: float | None = None
+    #: When an arrival of it was last refused (None: never).
+    refused_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -601,41 +603,45 @@ class Scheduler:
         if note is not None:
             note.predicted_wait_s = max(predicted or 0.0, known, own_line or 0.0)
             note.deadline_s = deadline
-        self._check_queue_room(lane, tenant, weight)
-        pressing = self.pressing_lane(name) if settings.reject_predicted_wait else None
-        if pressing is not None:
-            raise WaitTooLong(
-                f"The '{name}' lane is shed while the '{pressing.name}' lane's requests wait "
-                "close to their deadline (the backends are full with higher-priority work).",
-                retry_after_s=self._retry_after(pressing),
-            )
-        if (
-            settings.reject_predicted_wait
-            and predicted is not None
-            and predicted > REFUSE_AT_DEADLINE_SHARE * deadline
-        ):
-            whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"
-            raise WaitTooLong(
-                f"The '{name}' lane would make this request wait about {predicted:.1f} s, "
-                f"too close to {whose} {deadline:.3g} s limit.",
-                retry_after_s=self._retry_after(
-                    lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s, tenant, weight
-                ),
-            )
-        if settings.reject_predicted_wait and own_line is not None and own_line > deadline:
-            raise WaitTooLong(
-                f"The '{name}' lane's line has moved at about {own_line:.1f} s for this "
-                f"request's place while the lanes above it are busy, over the "
-                f"{deadline:.3g} s limit.",
-                retry_after_s=max(1, min(MAX_RETRY_AFTER_S, math.ceil(own_line - deadline))),
-            )
-        if settings.reject_predicted_wait and known > deadline:
-            whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"
-            raise WaitTooLong(
-                f"The '{name}' lane cannot give this request a slot for at least {known:.1f} "
-                f"s (the prompts in prefill ahead of it), over {whose} {deadline:.3g} s limit.",
-                retry_after_s=max(1, min(MAX_RETRY_AFTER_S, math.ceil(known - deadline))),
-            )
+        try:
+            self._check_queue_room(lane, tenant, weight)
+            pressing = self.pressing_lane(name) if settings.reject_predicted_wait else None
+            if pressing is not None:
+                raise WaitTooLong(
+                    f"The '{name}' lane is shed while the '{pressing.name}' lane's requests wait "
+                    "close to their deadline (the backends are full with higher-priority work).",
+                    retry_after_s=self._retry_after(pressing),
+                )
+            if (
+                settings.reject_predicted_wait
+                and predicted is not None
+                and predicted > REFUSE_AT_DEADLINE_SHARE * deadline
+            ):
+                whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"
+                raise WaitTooLong(
+                    f"The '{name}' lane would make this request wait about {predicted:.1f} s, "
+                    f"too close to {whose} {deadline:.3g} s limit.",
+                    retry_after_s=self._retry_after(
+                        lane, REFUSE_AT_DEADLINE_SHARE * lane.deadline_s, tenant, weight
+                    ),
+                )
+            if settings.reject_predicted_wait and own_line is not None and own_line > deadline:
+                raise WaitTooLong(
+                    f"The '{name}' lane's line has moved at about {own_line:.1f} s for this "
+                    f"request's place while the lanes above it are busy, over the "
+                    f"{deadline:.3g} s limit.",
+                    retry_after_s=max(1, min(MAX_RETRY_AFTER_S, math.ceil(own_line - deadline))),
+                )
+            if settings.reject_predicted_wait and known > deadline:
+                whose = "your" if deadline < lane.deadline_s else f"the '{name}' lane's"
+                raise WaitTooLong(
+                    f"The '{name}' lane cannot give this request a slot for at least {known:.1f} "
+                    f"s (the prompts in prefill ahead of it), over {whose} {deadline:.3g} s limit.",
+                    retry_after_s=max(1, min(MAX_RETRY_AFTER_S, math.ceil(known - deadline))),
+                )
+        except Refusal:
+            lane.refused_at = now  # (its lane sheds: no engine time of its to spare)
+            raise
         if (
             lane.in_flight < self._limit(lane, now)
             and not lane.held_back
@@ -862,7 +868,12 @@ class Scheduler:
         if not self._in_prefill:
             return []
         rules = {
-            other.name: LaneRule(index, other.deadline_s, other.settings.promote_after_s)
+            other.name: LaneRule(
+                index,
+                other.deadline_s,
+                other.settings.promote_after_s,
+                None if other.refused_at is None else self._now() - other.refused_at,
+            )
             for index, other in enumerate(self._lanes)
         }
         return victims(

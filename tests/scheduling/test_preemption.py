@@ -25,15 +25,22 @@ def in_prefill(lane: str = "bulk", *, engine: str = "a", enqueued: float = 0.0,
     return InPrefill(lane, engine, enqueued, first_sent, sent, preemptions, lambda: None)
 
 
-def test_a_request_is_preempted_within_its_count_age_and_deadline() -> None:
+def test_a_request_is_preempted_within_its_count_age_deadline_and_while_its_lane_is_quiet() -> None:
     rule = RULES["bulk"]
     assert may_preempt(in_prefill(), rule, now=1.0, max_per_request=2)
     assert not may_preempt(in_prefill(preemptions=2), rule, now=1.0, max_per_request=2)
     # Held back by preemptions for its lane's promotion age (from its first send): never more.
     assert not may_preempt(in_prefill(first_sent=0.0), rule, now=10.0, max_per_request=2)
     assert may_preempt(in_prefill(enqueued=0.0, first_sent=9.0), rule, now=10.0, max_per_request=2)
-    # Half its queue deadline spent since its arrival: back in line it would risk the rest.
-    assert not may_preempt(in_prefill(first_sent=14.0), rule, now=15.0, max_per_request=2)
+    # Four fifths of its queue deadline spent since its arrival: back in line it would
+    # risk the rest.
+    assert may_preempt(in_prefill(first_sent=23.0), rule, now=23.5, max_per_request=2)
+    assert not may_preempt(in_prefill(first_sent=23.0), rule, now=24.5, max_per_request=2)
+    # Its lane refused an arrival within one of its deadlines: no engine time to spare.
+    shedding = LaneRule(2, deadline_s=30.0, promote_after_s=10.0, refused_ago_s=29.0)
+    assert not may_preempt(in_prefill(), shedding, now=1.0, max_per_request=2)
+    quiet_again = LaneRule(2, deadline_s=30.0, promote_after_s=10.0, refused_ago_s=31.0)
+    assert may_preempt(in_prefill(), quiet_again, now=1.0, max_per_request=2)
     unpreemptible = in_prefill()
     unpreemptible.cancel = None
     assert not may_preempt(unpreemptible, rule, now=1.0, max_per_request=2)
@@ -151,3 +158,26 @@ async def test_a_preempted_request_keeps_its_queue_deadline_from_its_arrival() -
     with pytest.raises(Refusal) as refused:
         await scheduler.requeue(long_grant, 3000, 100, deadline_s=5.0, preempted=True)
     assert refused.value.code == "queue_timeout"
+
+
+async def test_a_lane_whose_arrivals_are_refused_is_not_preempted() -> None:
+    """Its requests are refused for want of engine time: none to give away."""
+    clock = Clock()
+    scheduler, _ = make(2, bulk={"max_queue_depth": 1}, clock=clock)
+    scheduler.max_preemptions = 4
+    long_grant = await scheduler.acquire("bulk", 3000, 100)
+    cancelled: list[bool] = []
+    scheduler.sent(long_grant, "engine-a", lambda: cancelled.append(True))
+    other = await scheduler.acquire("bulk", 3000, 100)
+    queued = asyncio.create_task(scheduler.acquire("bulk", 3000, 100))
+    await settle()
+    with pytest.raises(Refusal):  # the line is full: refused at arrival
+        await scheduler.acquire("bulk", 3000, 100)
+    short = asyncio.create_task(scheduler.acquire("interactive", 50, 10))
+    await settle()
+    assert cancelled == []  # neither for a slot ...
+    scheduler.release(other)
+    await settle()
+    scheduler.sent(short.result(), "engine-a")
+    assert cancelled == []  # ... nor behind its prefill
+    queued.cancel()

@@ -105,6 +105,10 @@ class Figures:
     #: taken them (seconds after the refusal: the first short arrival admitted after it).
     retry_after_s: list[float] = field(default_factory=list)
     admitted_again_s: list[float] = field(default_factory=list)
+    #: Preemptions ([preemption]), and the engine's prefill work per answered prompt
+    #: token (1.0: each prompt prefilled once; None: not counted, the ideal run).
+    preempted: int = 0
+    prefill_work: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: _rounded(v) for k, v in dataclasses.asdict(self).items()}
@@ -159,20 +163,25 @@ def run_cell(
     long = Arrival(0.0, long_tokens, long_outputs[len(long_outputs) // 2])
     floor = engine_floor_s(profile.engine, long, own_tokens)
     runs: dict[str, list[Result]] = {"direct": [], "gateway": [], "ideal": []}
+    work = {kind: [0, 0] for kind in runs}  # engine prompt tokens, answered ones
     by_seed: dict[str, list[float | None]] = {kind: [] for kind in runs}
     rate = cell.load * capacity
     for seed in seeds:
         schedule = arrivals(cell.mix, rate, count, seed, scale)
         classes = [classify(a, settings, ratio) for a in schedule]
         done = {
-            "direct": run_direct(schedule, classes, 1, engines).results,
-            "gateway": run_gateway(schedule, classes, settings, engines).results,
-            "ideal": run_ideal(schedule, classes, short, engines).results,
+            "direct": run_direct(schedule, classes, 1, engines),
+            "gateway": run_gateway(schedule, classes, settings, engines),
+            "ideal": run_ideal(schedule, classes, short, engines),
         }
-        for kind, results in done.items():
-            runs[kind] += results
-            by_seed[kind].append(_p99([r for r in results if r.cls == short]))
+        for kind, run in done.items():
+            runs[kind] += run.results
+            by_seed[kind].append(_p99([r for r in run.results if r.cls == short]))
+            work[kind][0] += run.engine_prompt_tokens
+            work[kind][1] += run.answered_prompt_tokens
     figures = {kind: _figures(results, short, by_seed[kind]) for kind, results in runs.items()}
+    for kind, (engine_tokens, answered) in work.items():
+        figures[kind].prefill_work = engine_tokens / answered if answered else None
     shorts_fit = short_share * rate < SHORTS_FIT_BELOW * short_capacity
     lane = settings.lanes[0]
     deadline = fitted_deadline_s(lane.queue_timeout_s, floor, lane.fit_timeout_to_engine)
@@ -225,6 +234,7 @@ def _figures(results: Sequence[Result], short: str, by_seed: list[float | None])
         long_refused=sum(1 for r in longs if r.refused is not None),
         admitted_timed_out=sum(1 for r in results if r.refused == QueueTimeout.code),
         short_p99_by_seed=by_seed,
+        preempted=sum(r.preempted for r in results),
     )
     for index, refused in enumerate(shorts):
         if refused.refused is None or refused.retry_after_s is None:

@@ -55,6 +55,8 @@ def row(cell: dict[str, Any]) -> list[str]:
         _s(ideal["long_p99_s"]),
         f"{gateway['long_refused']}/{gateway['longs']}",
         str(gateway.get("admitted_timed_out", "-")),
+        str(gateway.get("preempted", "-")),
+        "-" if gateway.get("prefill_work") is None else f"{gateway['prefill_work']:.2f}",
         "ok" if not failed else "MISS: " + "; ".join(failed),
     ]
 
@@ -74,6 +76,8 @@ HEADER = [
     "ideal",
     "longs refused",
     "admitted, then timed out",
+    "preempted",
+    "prefill work",
     "promises",
 ]
 
@@ -103,7 +107,11 @@ FOOTNOTE = (
     "than the lane's deadline (the gateway's own fit: "
     f"{DEADLINE_OVER_FLOOR:g}x the floor, at least the configured one), so the cell may "
     'refuse up to that share. "admitted, then timed out": requests (short or long) '
-    "the gateway queued that then got 503 queue_timeout, counted in the refusals too."
+    "the gateway queued that then got 503 queue_timeout, counted in the refusals too. "
+    '"preempted": long prompts the gateway took off the engine in prefill for a short '
+    'request ([preemption], off by default); "prefill work": the engine\'s prompt tokens '
+    "prefilled per prompt token of the requests it answered (1.00: each prompt once; over "
+    "it: prompts prefilled again after a preemption, beyond what the prefix cache kept)."
 )
 
 

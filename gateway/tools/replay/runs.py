@@ -57,6 +57,8 @@ class Result:
     refused: str | None = None
     #: The Retry-After its refusal carried (seconds).
     retry_after_s: float | None = None
+    #: Times it was preempted in prefill and sent again (the gateway run).
+    preempted: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -67,6 +69,11 @@ class Result:
 class Run:
     results: list[Result] = field(default_factory=list)
     virtual_s: float = 0.0
+    #: Prompt tokens the engines prefilled, and the prompt tokens of the requests they
+    #: answered: their ratio is the prefill work per answered prompt (over 1: prompts
+    #: prefilled again, after a preemption, beyond what their cache kept).
+    engine_prompt_tokens: int = 0
+    answered_prompt_tokens: int = 0
 
 
 class TokenWatch:
@@ -189,10 +196,12 @@ async def _direct(arrivals: Sequence[Arrival], classes: Sequence[str], n: int,
         seq = engines[index].submit(prompt, arrival.max_tokens)
         first, end = watch.track(seq)
         result.first_token = await first
+        run.answered_prompt_tokens += seq.prompt_tokens
         result.end = await end
 
     await feed(arrivals, classes, one)
     run.virtual_s = asyncio.get_running_loop().time()
+    run.engine_prompt_tokens = sum(each.prefilled_tokens for each in engines)
     for engine in engines:
         await engine.stop()
     return run
@@ -294,6 +303,8 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
                     preempted=True,
                 )
             result.first_token = record.first_byte = record.first_token = first.result()
+            result.preempted = record.preempted
+            run.answered_prompt_tokens += seq.prompt_tokens
             scheduler.prefill_done(grant)
             result.end = record.end = await end
             record.completion_tokens = seq.generated
@@ -317,6 +328,7 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
 
     await feed(arrivals, classes, one)
     run.virtual_s = loop.time()
+    run.engine_prompt_tokens = sum(each.prefilled_tokens for each in started)
     for task in housekeeping:
         task.cancel()
     await asyncio.gather(*housekeeping, return_exceptions=True)
