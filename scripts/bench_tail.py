@@ -79,12 +79,14 @@ async def start_simulator() -> Process:
     return await start_simulator_process()
 
 
-#: TOML appended to the lanes gateway's config (`--lanes-config FILE`), to try other lanes.
+#: TOML appended to the lanes gateway's config (`--lanes-config FILE`), to try other lanes
+#: or settings; not to the baseline's (the defaults at `--baseline REV`: before and after).
 LANES_EXTRA = ""
 
 
 def gateway_config(kind: str, backend: str, slots: int) -> str:
-    """TOML for the FIFO baseline or the default lanes, in front of `backend`."""
+    """TOML for the FIFO baseline, the lanes gateway (with `--lanes-config`'s TOML) or the
+    baseline revision's default lanes, in front of `backend`."""
     backend_toml = f'[[backends]]\nurl = "{backend}"\nname = "backend"\nmax_concurrency = {slots}\n'
     if kind == "fifo":
         return (
@@ -93,6 +95,8 @@ def gateway_config(kind: str, backend: str, slots: int) -> str:
             + '[[lanes]]\nname = "fifo"\nqueue_timeout_s = 300\nmax_queue_depth = 100000\n'
             + "reject_predicted_wait = false\n"
         )
+    if kind == "baseline":
+        return backend_toml
     return backend_toml + LANES_EXTRA  # the default lanes and prefill budget, unless given
 
 
@@ -105,7 +109,7 @@ async def start_gateway(kind: str, backend: str, slots: int, out_dir: Path, tag:
     source = BASELINE_SOURCE if kind == "baseline" else None
     return await start_gateway_process(
         kind,
-        gateway_config("lanes" if kind == "baseline" else kind, backend, slots),
+        gateway_config(kind, backend, slots),
         out_dir / f"{tag}-{kind}.toml",
         out_dir / f"{tag}-{kind}.log",
         source=source or ROOT,

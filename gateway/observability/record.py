@@ -77,7 +77,8 @@ class RequestRecord:
     max_tokens_requested: int | None = None
     max_tokens: int | None = None
     completion_tokens: int | None = None
-    #: Backends tried: 2 when the first failed before its first byte and it was retried.
+    #: Times it was sent to a backend: 2 when the first failed before its first byte and
+    #: it was retried (or it was preempted once and sent again: `preempted`).
     attempts: int = 0
     #: Times the answer was carried over to another backend mid-stream, the backends it
     #: left (in order), why the last time ("broken", "stalled", "drained"), and why a

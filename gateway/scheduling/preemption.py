@@ -6,8 +6,9 @@ go. A request of the highest lane may go below it by taking the place of a lower
 request whose first token has not come: that one is cancelled at the engine (its
 connection closed: vLLM, SGLang, TGI and llama.cpp abort on disconnect) and goes back to
 the head of its lane's line; its client sees a longer wait, then its whole answer, once.
-With prefix caching (vLLM's default, llama.cpp's `cache_prompt`) the blocks it had
-prefilled stay cached, so the prompt sent again pays only for what was left.
+What it had prefilled is lost where the engine keeps nothing of a prefill cut short:
+vLLM 0.32 (measured, `scripts/vllm_abort_cache.py`) prefills the prompt sent again
+whole, though it keeps a finished prefill in its prefix cache.
 
 Bounded so that it cannot starve what it preempts, nor spend engine time its lane has
 not got to spare:

@@ -47,7 +47,9 @@ async def dispatch(
     `move_elsewhere` moves the request's slot to another backend (False when
     none is free), so `backend()` names the new one afterwards.
     """
+    tries = 0  # this dispatch's (a preempted request is dispatched again, afresh)
     while True:
+        tries += 1
         record.attempts += 1
         target = backend()
         record.backend = target.name
@@ -56,7 +58,7 @@ async def dispatch(
             response = await relay(request, plan_for(target), record, upstream)
         except BackendFailure as failure:
             pool.record_result(target, Outcome.BACKEND_ERROR)
-            if record.attempts < MAX_ATTEMPTS and move_elsewhere():
+            if tries < MAX_ATTEMPTS and move_elsewhere():
                 continue
             if failure.passthrough is None:
                 raise

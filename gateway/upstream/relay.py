@@ -224,6 +224,7 @@ class Watchdog:
         "gap",
         "streaming",
         "expired",
+        "ended",
     )
 
     def __init__(self, first_byte_s: float, idle_s: float, total_at: float) -> None:
@@ -240,6 +241,8 @@ class Watchdog:
         self.gap = 0.0
         self.streaming = False
         self.expired: str | None = None
+        #: The relay is over: nothing of it may be cancelled any more.
+        self.ended = False
         self._handle = self._loop.call_at(min(self.last + first_byte_s, total_at), self._check)
 
     def note_chunk(self, now: float) -> None:
@@ -284,8 +287,9 @@ class Watchdog:
             self._expire(DRAINED)
 
     def preempt(self) -> None:
-        """The scheduler preempts the request: only before the backend's first byte."""
-        if self.expired is None and not self.streaming:
+        """The scheduler preempts the request: only before the backend's first byte (a
+        whole-body answer has none before its end: never once the relay is over)."""
+        if self.expired is None and not self.streaming and not self.ended:
             self._expire(PREEMPTED)
 
     def shut_down(self) -> None:
@@ -294,6 +298,7 @@ class Watchdog:
             self._expire(SHUTDOWN)
 
     def stop(self) -> None:
+        self.ended = True
         self._handle.cancel()
 
     def timed_out(self) -> bool:

@@ -21,7 +21,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from gateway.config import HealthSettings, Settings
+from gateway.config import HealthSettings, PreemptionSettings, Settings
 from tests.conftest import RunningGateway, StartGateway, sse_events
 from tests.helpers import eventually
 from tests.vllm_server import MODEL, VllmServer, start_servers, vllm_installed
@@ -306,3 +306,48 @@ async def test_an_engine_killed_mid_answer_the_answer_goes_on_whole_on_the_other
     assert text.startswith(before) and len(text) > len(before)
     line = gateway.request_lines()[-1]
     assert line["resumes"] == 1 and line["outcome"] == "ok", line
+
+
+async def test_a_long_prompt_preempted_in_prefill_is_answered_whole_and_the_same(
+    vllm: dict[str, VllmServer], start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """`[preemption]` on vLLM (#53): its prefill cut when its connection closes, the long
+    prompt's answer comes once and byte for byte vLLM's own (greedy), and the short
+    request that preempted it does not wait for the rest of that prefill. (vLLM 0.32
+    keeps nothing of a prefill cut short: the prompt sent again is prefilled whole,
+    `scripts/vllm_abort_cache.py`.)"""
+    server = vllm["plain"]
+
+    def preempting(settings: Settings) -> Settings:
+        return msgspec.structs.replace(
+            fast_health(settings), preemption=PreemptionSettings(enabled=True)
+        )
+
+    gateway = await start_gateway([server.url], configure=preempting)
+    await eventually(lambda: gateway.state.pool.backends[0].engine == "vllm", within_s=10)
+
+    def long_body(tag: str) -> dict[str, Any]:  # ~2500 tokens: ~1 s of prefill here
+        return chat(unique(tag + " hello" * 2500), max_tokens=8, stream=True)
+
+    start = asyncio.get_running_loop().time()
+    async with http.post(server.url + "/v1/chat/completions", json=long_body("alone")) as resp:
+        await resp.content.readany()
+        alone_ttft = asyncio.get_running_loop().time() - start
+        await resp.read()
+    body = long_body("preempted")
+    long = asyncio.create_task(post(http, gateway.url + "/v1/chat/completions", body))
+    await asyncio.sleep(0.3 * alone_ttft)  # its prefill under way
+    start = asyncio.get_running_loop().time()
+    short_status, _ = await post(
+        http, gateway.url + "/v1/chat/completions", chat(unique("Hi."), max_tokens=2)
+    )
+    short_s = asyncio.get_running_loop().time() - start
+    status, through = await long
+    assert short_status == status == 200
+    direct_status, direct = await post(http, server.url + "/v1/chat/completions", body)
+    assert direct_status == 200 and masked(through) == masked(direct)
+    await eventually(lambda: len(gateway.request_lines()) >= 2, within_s=2)
+    (line,) = [line for line in gateway.request_lines() if line["lane"] == "bulk"]
+    assert line["preempted"] == 1 and line["outcome"] == "ok", line
+    # Behind the rest of the long prefill it would have waited ~0.7 of it, and its own.
+    assert short_s < 0.6 * alone_ttft, (short_s, alone_ttft)

@@ -49,8 +49,10 @@ class EngineProfile:
 
 def _sim(**knobs: float | int | str | bool) -> SimulatorConfig:
     """An engine model with its prefix cache, as the engines modelled run by default. The
-    matrix's prompts share nothing, so it serves only a prompt sent again after a
-    preemption (`replay.runs.own_blocks`): what that prompt had prefilled."""
+    matrix's prompts share nothing, so it could serve only a prompt sent again after a
+    preemption (`replay.runs.own_blocks`), and it keeps nothing of a prefill cut short
+    (`keep_aborted_prefill`, off: as vLLM 0.32 was measured to): that prompt is
+    prefilled whole again, what preemption costs on such an engine."""
     return SimulatorConfig(**knobs)  # type: ignore[arg-type]
 
 

@@ -284,8 +284,12 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
                     blocks=blocks,
                 )
                 first, end = watch.track(seq)
+                if not preemptible:
+                    scheduler.sent(grant, backend.name)
+                    await first
+                    break
                 preempted: asyncio.Future[None] = loop.create_future()
-                scheduler.sent(grant, backend.name, _setter(preempted) if preemptible else None)
+                scheduler.sent(grant, backend.name, _setter(preempted))
                 await asyncio.wait((first, preempted), return_when=asyncio.FIRST_COMPLETED)
                 if first.done():
                     break

@@ -40,6 +40,8 @@ _CONFIG_HELP = {
     "block_tokens": "tokens per KV block of the prefix cache (vLLM's --block-size)",
     "prefix_cache_blocks": "KV blocks the prefix cache holds (LRU; blocks of running sequences "
     "are pinned)",
+    "keep_aborted_prefill": "a sequence aborted before its prompt is prefilled leaves the blocks "
+    "it filled cached (off: dropped, as vLLM 0.32 was measured to)",
     "lora_adapters": "LoRA adapters served on the base model, comma-separated (listed by "
     "/v1/models with parent = the model; a request names one as its model)",
     "enable_lora": "serve LoRA adapters even with none at start (add them with POST "

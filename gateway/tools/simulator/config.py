@@ -76,6 +76,11 @@ class SimulatorConfig:
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     #: KV blocks the prefix cache holds, pinned (running) and evictable (LRU) together.
     prefix_cache_blocks: int = DEFAULT_PREFIX_CACHE_BLOCKS
+    #: A sequence aborted before its prompt is prefilled leaves the blocks it filled in the
+    #: prefix cache. Off, as measured on vLLM 0.32 (its CPU build): a prompt aborted
+    #: mid-prefill and sent again found none of it cached (0 hits, its whole prefill
+    #: again), though one aborted after its prefill found all of it.
+    keep_aborted_prefill: bool = False
     #: Where each request's time went (queue in the engine, prefill, decode), told as:
     #: "vllm", vLLM's request time histograms in /metrics (and nothing per answer, as
     #: vLLM); "llamacpp", those and llama.cpp's `timings` object in every OpenAI answer

@@ -532,8 +532,15 @@ class Engine:
     def _finish(self, seq: Sequence, state: SequenceState, now: float | None = None) -> None:
         seq.state = state
         seq.end = self.now() if now is None else now
-        if self.prefix_cache is not None and seq.held:
-            self.prefix_cache.release(seq.held)  # cached still, now evictable
+        cache = self.prefix_cache
+        if cache is not None and seq.held:
+            cut_short = state == "aborted" and seq.prefilled < seq.prefill_target
+            if cut_short and not self.config.keep_aborted_prefill:
+                found = seq.cached_tokens // cache.block_tokens  # cached before it came
+                cache.release(seq.held[:found])
+                cache.drop(seq.held[found:])
+            else:
+                cache.release(seq.held)  # cached still, now evictable
             seq.held = []
         if state == "completed":
             self.completed += 1

@@ -155,6 +155,18 @@ class PrefixCache:
                 self._pins[block] = 0
                 self._evictable[block] = None
 
+    def drop(self, blocks: Iterable[bytes]) -> None:
+        """Unpin blocks an aborted sequence filled and uncache those no other sequence
+        pins (an engine that keeps nothing of a prefill cut short)."""
+        for block in blocks:
+            count = self._pins.get(block)
+            if not count:
+                continue
+            if count > 1:
+                self._pins[block] = count - 1
+            else:
+                del self._pins[block]
+
     def _pin(self, block: bytes) -> None:
         count = self._pins[block]
         if count == 0:

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.tools.simulator import SimulatorConfig
 from gateway.tools.simulator.engine import Engine
+from gateway.tools.simulator.prefix_cache import prompt_blocks
 from tests.tools.simulator.support import (
     LONG_PROMPT,
     SHORT_PROMPT,
@@ -208,3 +209,32 @@ async def test_a_token_bounded_batch_admits_first_come_first_served_while_it_fit
     huge = alone.submit(900, 900)  # over all of it: it goes when nothing else runs
     await alone.step()
     assert huge.state == "running"
+
+
+@pytest.mark.parametrize("keep", [False, True])
+async def test_a_prompt_aborted_mid_prefill_leaves_its_blocks_only_when_configured(
+    keep: bool,
+) -> None:
+    """vLLM 0.32 (measured): a prompt aborted before its prefill ends and sent again finds
+    none of it cached; `keep_aborted_prefill` models an engine that keeps what it did."""
+    config = SimulatorConfig(
+        prefill_tokens_per_step=400, step_base_ms=1, prefill_ms_per_token=0,
+        block_tokens=16, keep_aborted_prefill=keep,
+    )  # fmt: skip
+    engine = Engine(config)
+    blocks = prompt_blocks(list(range(1000)), 16)
+    first = engine.submit(1000, 1, blocks)
+    await engine.step()
+    await engine.step()  # 800 of 1000 prefilled: 50 blocks filled
+    engine.abort(first)
+    again = engine.submit(1000, 1, blocks)
+    await engine.step()
+    assert again.cached_tokens == (800 if keep else 0)
+    # A prompt aborted after its prefill (answering) leaves it all, either way.
+    done = engine.submit(1000, 2, prompt_blocks(list(range(5000, 6000)), 16))
+    while done.first_token is None:
+        await engine.step()
+    engine.abort(done)
+    assert engine.submit(1000, 1, prompt_blocks(list(range(5000, 6000)), 16)).cached_tokens == 0
+    await engine.step()
+    assert engine.stats()["prefix_cache_hits"] >= 992
