@@ -269,45 +269,6 @@ async def test_the_priority_field_is_served_with_and_without_vllms_priority_poli
     assert all(line["outcome"] == "ok" for line in gateway.request_lines())
 
 
-async def test_an_engine_killed_mid_answer_the_answer_goes_on_whole_on_the_other(
-    vllm: dict[str, VllmServer], start_gateway: StartGateway, http: aiohttp.ClientSession
-) -> None:
-    """Last in the module: it SIGKILLs the server holding the answer."""
-    servers = [vllm["plain"], vllm["priority"]]
-    gateway = await gateway_for(start_gateway, *servers)
-    prompt = unique("Count to one hundred: 1, 2, 3, 4, 5, 6,")
-    body = chat(prompt, max_tokens=60, stream=True, ignore_eos=True,
-                stream_options={"include_usage": True})  # fmt: skip
-    _, unbroken = await post(http, servers[1].url + "/v1/chat/completions", body)
-    async with http.post(gateway.url + "/v1/chat/completions", json=body) as resp:
-        assert resp.status == 200
-        raw = b""
-        while raw.count(b'"content"') < 15:
-            raw += await asyncio.wait_for(resp.content.readany(), 20)
-        backends = gateway.state.pool.backends
-        holder = servers[max(range(2), key=lambda i: backends[i].in_flight)]
-        holder.kill()
-        before = chat_text(sse_events(raw[: raw.rfind(b"\n\n") + 2]))
-        raw += await asyncio.wait_for(resp.read(), 60)
-    events = sse_events(raw)
-    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
-    chunks = events[:-1]
-    assert not [c for c in chunks if "error" in c], chunks[-3:]
-    assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
-    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
-    assert finishes == ["length"]
-    usage = [c["usage"] for c in chunks if c.get("usage")]
-    assert len(usage) == 1 and usage[0]["completion_tokens"] == 60, usage
-    # Greedy: what came before the kill is vLLM's own answer, and it goes on from there,
-    # nothing lost, nothing twice. (Not the unbroken answer byte for byte: the other
-    # engine re-tokenizes the text so far, and its tokens at the seam may differ.)
-    text = chat_text(events)
-    assert len(before) >= 15 and chat_text(sse_events(unbroken)).startswith(before)
-    assert text.startswith(before) and len(text) > len(before)
-    line = gateway.request_lines()[-1]
-    assert line["resumes"] == 1 and line["outcome"] == "ok", line
-
-
 async def test_a_long_prompt_preempted_in_prefill_is_answered_whole_and_the_same(
     vllm: dict[str, VllmServer], start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
@@ -351,3 +312,42 @@ async def test_a_long_prompt_preempted_in_prefill_is_answered_whole_and_the_same
     assert line["preempted"] == 1 and line["outcome"] == "ok", line
     # Behind the rest of the long prefill it would have waited ~0.7 of it, and its own.
     assert short_s < 0.6 * alone_ttft, (short_s, alone_ttft)
+
+
+async def test_an_engine_killed_mid_answer_the_answer_goes_on_whole_on_the_other(
+    vllm: dict[str, VllmServer], start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """Last in the module: it SIGKILLs the server holding the answer."""
+    servers = [vllm["plain"], vllm["priority"]]
+    gateway = await gateway_for(start_gateway, *servers)
+    prompt = unique("Count to one hundred: 1, 2, 3, 4, 5, 6,")
+    body = chat(prompt, max_tokens=60, stream=True, ignore_eos=True,
+                stream_options={"include_usage": True})  # fmt: skip
+    _, unbroken = await post(http, servers[1].url + "/v1/chat/completions", body)
+    async with http.post(gateway.url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        raw = b""
+        while raw.count(b'"content"') < 15:
+            raw += await asyncio.wait_for(resp.content.readany(), 20)
+        backends = gateway.state.pool.backends
+        holder = servers[max(range(2), key=lambda i: backends[i].in_flight)]
+        holder.kill()
+        before = chat_text(sse_events(raw[: raw.rfind(b"\n\n") + 2]))
+        raw += await asyncio.wait_for(resp.read(), 60)
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    chunks = events[:-1]
+    assert not [c for c in chunks if "error" in c], chunks[-3:]
+    assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+    finishes = [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]]
+    assert finishes == ["length"]
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert len(usage) == 1 and usage[0]["completion_tokens"] == 60, usage
+    # Greedy: what came before the kill is vLLM's own answer, and it goes on from there,
+    # nothing lost, nothing twice. (Not the unbroken answer byte for byte: the other
+    # engine re-tokenizes the text so far, and its tokens at the seam may differ.)
+    text = chat_text(events)
+    assert len(before) >= 15 and chat_text(sse_events(unbroken)).startswith(before)
+    assert text.startswith(before) and len(text) > len(before)
+    line = gateway.request_lines()[-1]
+    assert line["resumes"] == 1 and line["outcome"] == "ok", line

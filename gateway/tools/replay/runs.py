@@ -115,8 +115,9 @@ def _setter(future: asyncio.Future[None]) -> Callable[[], None]:
 
 def own_blocks(index: int, config: SimulatorConfig, prompt_tokens: int) -> PromptBlocks | None:
     """Request `index`'s prompt as blocks of its own, for the engine's prefix cache: sent
-    again after a preemption, it finds what its first attempt prefilled (nothing else
-    shares them). None without a prefix cache."""
+    again after a preemption, it finds what its first attempt left there (nothing else
+    shares them; nothing at all where the engine keeps nothing of a prefill cut short,
+    `keep_aborted_prefill`). None without a prefix cache."""
     if not config.prefix_cache:
         return None
     tokens = config.backend_tokens(prompt_tokens)
