@@ -27,9 +27,9 @@ class PreemptionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     #: Most times one request is preempted. Never once preemptions held it back for its
     #: lane's `promote_after_s`, nor with a fifth of its queue deadline left, nor while
     #: its lane's arrivals are refused (`scheduling/preemption.py`). 4: on the matrix's
-    #: vLLM-like engine at 80% load, 2 left the short P99 at 0.75-0.9x the engine floor
-    #: (a long prompt preempted twice then held the shorts arriving behind it), 4 at
-    #: 0.5-0.6x, every long request still served.
+    #: vLLM-like engine at 80% load (chat, an engine keeping a preempted prompt's
+    #: prefill), 2 left the short P99 at 0.75-0.9x the engine floor (a long prompt
+    #: preempted twice then held the shorts arriving behind it), 4 at 0.5-0.6x.
     max_per_request: Annotated[int, rule("be from 1 to 8", ge=1, le=8)] = 4
 
     def applies_to(self, engine: str | None) -> bool:

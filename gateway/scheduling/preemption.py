@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 #: A request with less than this share of its queue deadline left (counted from its
 #: arrival) is not preempted: back in its line, it would risk that deadline for someone
-#: else's turn. (Half, on the matrix's vLLM-like engine at 80% load: most long requests
-#: had waited longer, and the short P99 stayed at 0.9x the floor; a fifth: 0.5-0.6x.)
+#: else's turn. (Half, on the matrix's vLLM-like engine at 80% load, chat: most long
+#: requests had waited longer, and the short P99 stayed at 0.9x the floor; a fifth:
+#: 0.5-0.6x, on an engine keeping a preempted prompt's prefill.)
 DEADLINE_SHARE_LEFT = 0.2
 
 
