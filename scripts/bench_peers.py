@@ -97,13 +97,15 @@ from gateway.tools.loadgen import (  # noqa: E402
     TrafficClass,
     closed_schedule,
     poisson_schedule,
+    resolve_mix,
     run_closed_loop,
 )
 from gateway.tools.loadgen.client import Client  # noqa: E402
 from gateway.tools.stats import percentile  # noqa: E402
 
 TARGETS = ("direct", "vllm-router", "smg", "smg-priority", "gateway")
-#: 80% ~50-token prompts with 64 out, 20% ~3000-token prompts with 512 out.
+#: 80% ~50-token prompts with 64 out, 20% ~3000-token prompts with 512 out (`--mix`
+#: names another, or a TOML file of classes as bench_tail takes).
 MIX: list[TrafficClass] = list(DEFAULT_MIX)
 BATCH = 16
 SIMULATOR_FLAGS = (
@@ -364,6 +366,7 @@ async def run_schedule(
 
 
 async def measure_capacity(
+    mix: Sequence[TrafficClass],
     backends: Sequence[str],
     sample_size: int,
     slots: int,
@@ -377,7 +380,7 @@ async def measure_capacity(
         *(
             run_closed_loop(
                 url,
-                closed_schedule(MIX, sample_size, seed + 1 + i),
+                closed_schedule(list(mix), sample_size, seed + 1 + i),
                 concurrency=2 * slots,
                 model=model,
                 extra_body=extra,
@@ -668,7 +671,7 @@ async def bench_main(args: argparse.Namespace) -> int:
         "argv": sys.argv[1:],
         "backends": args.backend or "two fresh simulators per run: " + " ".join(SIMULATOR_FLAGS),
         "slots_per_engine": args.slots,
-        "mix": [vars_of(c) for c in MIX],
+        "mix": [vars_of(c) for c in args.mix_classes],
         "duration_s": args.duration,
         "seed": args.seed,
         "extra_body": extra_body,
@@ -683,6 +686,7 @@ async def bench_main(args: argparse.Namespace) -> int:
             backends, sims = await bench.engines()
             try:
                 capacity = await measure_capacity(
+                    args.mix_classes,
                     backends,
                     args.calibration_requests,
                     args.slots,
@@ -699,7 +703,7 @@ async def bench_main(args: argparse.Namespace) -> int:
         first = True
         for load in (float(x) for x in args.loads.split(",")):
             rate = load * capacity
-            schedule = poisson_schedule(MIX, rate, args.duration, args.seed)
+            schedule = poisson_schedule(args.mix_classes, rate, args.duration, args.seed)
             print(
                 f"\nload {load:.0%}: {rate:.2f} req/s, {len(schedule)} requests over "
                 f"{args.duration:g} s",
@@ -925,6 +929,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--slots", type=int, default=BATCH, help="each engine's batch (smg's max_running_requests)"
     )
     parser.add_argument("--model", default="sim-model")
+    parser.add_argument(
+        "--mix", help="a named mix or a TOML file of traffic classes (default: 80/20 above)"
+    )
     parser.add_argument("--capacity", type=float, help="requests/s of the pair; skips calibration")
     parser.add_argument(
         "--calibration-requests", type=int, default=40, help="closed-loop requests per engine"
@@ -955,6 +962,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, help="hard stop for the whole run")
     args = parser.parse_args(argv)
     args.backend = backend_list(args.backend)
+    args.mix_classes = resolve_mix(args.mix) if args.mix else MIX
     if args.max_seconds is None:
         args.max_seconds = default_max_seconds(args)
     return args

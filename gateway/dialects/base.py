@@ -82,7 +82,7 @@ class Dialect(ABC):
     def continuation(
         self, fields: dict[str, Any], seam: Seam, max_tokens: int, engine: str | None
     ) -> dict[str, Any] | None:
-        """The backend body that asks `engine` to go on from `seam.text` with `max_tokens`
+        """The backend body that asks `engine` to go on from `seam.sent_text` with `max_tokens`
         more at most; None when that engine's way of continuing is not known."""
         return None
 

@@ -160,7 +160,7 @@ class ChatDialect(_OpenAIDialect):
         """vLLM and SGLang: the text as a final assistant message with
         `continue_final_message` (and no generation prompt, which vLLM requires);
         llama.cpp: a last assistant message, which it continues by default."""
-        answer = {"role": "assistant", "content": seam.text}
+        answer = {"role": "assistant", "content": seam.sent_text}
         body = dict(fields, messages=[*fields["messages"], answer])
         if engine in CONTINUE_FINAL_MESSAGE_ENGINES:
             body["continue_final_message"] = True
@@ -209,7 +209,8 @@ class CompletionDialect(_OpenAIDialect):
         if engine not in COMPLETION_ENGINES:
             return None
         prompt = fields["prompt"]
-        prompt = prompt + seam.text if isinstance(prompt, str) else [prompt[0] + seam.text]
+        text = seam.sent_text
+        prompt = prompt + text if isinstance(prompt, str) else [prompt[0] + text]
         return _with_budget(dict(fields, prompt=prompt), max_tokens)
 
 

@@ -129,7 +129,7 @@ class TgiDialect(Dialect):
         if engine not in TGI_ENGINES:
             return None
         parameters = dict(fields.get("parameters") or {}, max_new_tokens=max_tokens)
-        return dict(fields, inputs=fields["inputs"] + seam.text, parameters=parameters)
+        return dict(fields, inputs=fields["inputs"] + seam.sent_text, parameters=parameters)
 
     def continued_stream(self, seam: Seam, shape: RequestShape) -> Continuation:
         return TgiContinuation(seam, strip_usage=False)

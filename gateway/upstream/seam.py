@@ -94,6 +94,22 @@ class Seam:
     #: colon; OpenAI servers: one), so the continued part is written the same way.
     data_prefix: bytes = b"data: "
 
+    @property
+    def sent_text(self) -> str:
+        """What the next backend is asked to go on from: the text without its trailing
+        whitespace. A text ending in a space ("hundred: ") is a tokenization no model
+        wrote (and chat templates trim it), so the engine writes the space again with
+        its next word (" 1"): the client read a double space. It goes on from
+        "hundred:" instead, and the continuation's first whitespace, which the client
+        has already, is dropped (`Continuation.heal`)."""
+        kept = self.text.rstrip()
+        return kept or self.text
+
+    @property
+    def held_back(self) -> str:
+        """The trailing whitespace the client has and the next backend is not sent."""
+        return self.text[len(self.sent_text) :]
+
 
 def _data_prefix(data: bytes) -> bytes:
     at = data.find(b"data:")
@@ -182,6 +198,8 @@ class Continuation:
         "done",
         "backend_error",
         "_rest",
+        "_held",
+        "_healed",
     )
 
     def __init__(self, seam: Seam, *, strip_usage: bool) -> None:
@@ -196,6 +214,10 @@ class Continuation:
         #: It sent an error event (held back: the caller may resume again).
         self.backend_error = False
         self._rest = b""
+        #: What is left of the seam's held-back whitespace to drop from this part's start.
+        self._held = seam.held_back
+        #: The characters dropped so far.
+        self._healed = ""
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._rest + chunk if self._rest else chunk
@@ -232,6 +254,22 @@ class Continuation:
     def _rewrite_chunk(self, chunk: dict[str, Any]) -> bytes:
         raise NotImplementedError
 
+    def heal(self, text: str) -> str:
+        """`text` without the whitespace the client already has at the seam (`held_back`):
+        the engine writes it again before its next word. Only the start of this part
+        is healed; whitespace that differs from what was held back is the engine's."""
+        held = self._held
+        if not held:
+            return text
+        same = 0
+        for mine, theirs in zip(text, held, strict=False):
+            if mine != theirs:
+                break
+            same += 1
+        self._held = held[same:] if same == len(text) else ""
+        self._healed += text[:same]
+        return text[same:]
+
     @property
     def total_tokens(self) -> int:
         """Tokens the client got in all: the seam's and this part's."""
@@ -254,8 +292,8 @@ class OpenAIContinuation(Continuation):
 
     def __init__(self, seam: Seam, *, strip_usage: bool) -> None:
         super().__init__(seam, strip_usage=strip_usage)
-        #: The client's text, until this part's first text came (None: then on).
-        self._echo: str | None = seam.text if seam.tokens >= 2 else None
+        #: The text it was sent, until this part's first text came (None: then on).
+        self._echo: str | None = seam.sent_text if seam.tokens >= 2 else None
 
     def _rewrite_chunk(self, chunk: dict[str, Any]) -> bytes:
         for key, value in self.seam.head.items():
@@ -293,6 +331,10 @@ class OpenAIContinuation(Continuation):
                     return other or finish
             self._echo = None
         if isinstance(text, str) and text:
+            text = holder[key] = self.heal(text)
+            if not text:  # whitespace the client had: no token of the answer
+                return other or finish
+        if isinstance(text, str) and text:
             self.tokens += 1
             self.first_token_seen = True
             return True
@@ -317,14 +359,19 @@ class TgiContinuation(Continuation):
     __slots__ = ()
 
     def _rewrite_chunk(self, chunk: dict[str, Any]) -> bytes:
-        if isinstance(chunk.get("token"), dict):
+        token = chunk.get("token")
+        if isinstance(token, dict):
             self.tokens += 1
             self.first_token_seen = True
             if type(chunk.get("index")) is int:
                 chunk["index"] += self.seam.index
+            if isinstance(token.get("text"), str) and not token.get("special"):
+                token["text"] = self.heal(token["text"])
         generated = chunk.get("generated_text")
         if isinstance(generated, str):
             self.done = True
+            if generated.startswith(self._healed):
+                generated = generated[len(self._healed) :]
             chunk["generated_text"] = self.seam.text + generated
             details = chunk.get("details")
             if isinstance(details, dict) and type(details.get("generated_tokens")) is int:

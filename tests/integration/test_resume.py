@@ -159,6 +159,15 @@ def check_whole_chat(events: list[Any], *, usage: bool, max_tokens: int = MAX_TO
     return "".join(texts)
 
 
+def assert_across_the_seam(whole: str, leg: dict[str, Any]) -> None:
+    """The client read the text the other engine was sent to go on from, the whitespace
+    the gateway held back from it (`Seam.sent_text`), then that engine's reply."""
+    continued, reply = leg["continued"], leg["reply"]
+    assert len(whole) >= len(continued) + len(reply), (whole, leg)
+    assert whole.startswith(continued) and whole.endswith(reply), (whole, leg)
+    assert not whole[len(continued) : len(whole) - len(reply)].strip(), (whole, leg)
+
+
 async def _received(http: aiohttp.ClientSession, sim: Sim) -> list[dict[str, Any]]:
     async with http.get(sim.url + "/sim/requests") as resp:
         return list((await resp.json())["requests"])
@@ -208,7 +217,7 @@ async def test_sigkill_mid_answer_every_stream_completes_whole_elsewhere(
         (leg,) = [r for r in received if r["request_id"] == stream.request_id and r["continued"]]
         assert leg["continue_form"] == "continue_final_message"
         # Exactly the text the client had, the budget less the tokens it had got.
-        assert text == leg["continued"] + leg["reply"]
+        assert_across_the_seam(text, leg)
         had = text[: len(leg["continued"])]
         assert leg["max_tokens"] == MAX_TOKENS - len(had.split()) > 0
     assert resumed >= 2  # the victim held the most streams
@@ -256,7 +265,7 @@ async def test_llamacpp_continues_a_last_assistant_message(
     text = check_whole_chat(events, usage=False)
     leg = _continued(received)
     assert leg["continue_form"] == "last_assistant"  # no vLLM flags for llama.cpp
-    assert text == leg["continued"] + leg["reply"]
+    assert_across_the_seam(text, leg)
     assert leg["max_tokens"] == MAX_TOKENS - len(leg["continued"].split())
     assert line["resumes"] == 1 and line["outcome"] == "ok"
 
@@ -283,7 +292,7 @@ async def test_completions_continue_from_the_prompt_and_the_text(
     leg = _continued([r for r in received if r["route"] == "completions"])
     text = "".join(texts)
     assert leg["continued"] == prompt + text[: len(leg["continued"]) - len(prompt)]
-    assert prompt + text == leg["continued"] + leg["reply"]
+    assert_across_the_seam(prompt + text, leg)
     assert leg["max_tokens"] == MAX_TOKENS - len(leg["continued"][len(prompt) :].split())
     assert line["resumes"] == 1 and line["completion_tokens"] == MAX_TOKENS
 
@@ -302,7 +311,7 @@ async def test_tgi_generate_stream_continues_from_inputs_and_text(
     assert [e["generated_text"] for e in events if e["generated_text"] is not None] == [texts]
     assert events[-1]["details"]["generated_tokens"] == MAX_TOKENS
     leg = _continued([r for r in received if r["route"] == "tgi_generate_stream"])
-    assert inputs + texts == leg["continued"] + leg["reply"]
+    assert_across_the_seam(inputs + texts, leg)
     assert leg["max_tokens"] == MAX_TOKENS - len(leg["continued"][len(inputs) :].split())
     assert line["resumes"] == 1 and line["completion_tokens"] == MAX_TOKENS
 

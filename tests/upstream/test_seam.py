@@ -141,3 +141,59 @@ def test_a_new_token_beginning_like_the_answer_is_no_repeat() -> None:
     out = stream.feed(chunk("The") + chunk(" cat") + chunk(" sat"))
     texts = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e]
     assert texts == ["The", " cat", " sat"] and stream.tokens == 3
+
+
+def test_a_seam_after_a_space_goes_on_from_the_word_and_the_space_is_not_written_twice() -> None:
+    """Seen on the real vLLM: at a seam after "hundred: " the other engine (sent the text,
+    which its chat template trims) went on with " 1", and the client read a double space.
+    The text is sent without its trailing whitespace; the continuation's, which the
+    client has already, is dropped, and a whitespace-only token is no token."""
+    seam = read_openai_seam(chunk("", role=True) + chunk("Count") + chunk(" to: ") + chunk("\n "))
+    assert (seam.sent_text, seam.held_back) == ("Count to:", " \n ")
+    stream = OpenAIContinuation(seam, strip_usage=True)
+    out = stream.feed(chunk(" ", id_="b") + chunk("\n 1", id_="b") + chunk(" 2", id_="b"))
+    texts = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e]
+    assert texts == ["1", " 2"] and stream.tokens == 2
+    assert seam.text + "".join(texts) == "Count to: \n 1 2"
+
+
+def test_whitespace_the_engine_writes_differently_at_the_seam_is_kept() -> None:
+    seam = read_openai_seam(chunk("A") + chunk(" list: "))
+    stream = OpenAIContinuation(seam, strip_usage=True)
+    out = stream.feed(chunk("\n- a", id_="b") + chunk(" b", id_="b"))
+    texts = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in out.split(b"\n\n") if e]
+    assert texts == ["\n- a", " b"]  # not the held space: the engine's own, kept
+    # A text of whitespace alone is sent as it is (nothing to go on from otherwise).
+    blank = read_openai_seam(chunk("\n") + chunk("\n"))
+    assert (blank.sent_text, blank.held_back) == ("\n\n", "")
+
+
+def test_a_tgi_seam_after_a_space_heals_tokens_and_generated_text() -> None:
+    def tgi(index: int, text: str, final: str | None = None) -> bytes:
+        token = {"id": 1, "text": text, "logprob": -1.0, "special": False}
+        body = {"index": index, "token": token, "generated_text": final, "details": None}
+        return b"data:" + json.dumps(body).encode() + b"\n\n"
+
+    seam = read_tgi_seam(tgi(1, "Paris") + tgi(2, " is "))
+    assert seam.sent_text == "Paris is"
+    stream = TgiContinuation(seam, strip_usage=False)
+    out = stream.feed(tgi(1, " big") + tgi(2, ".", " big."))
+    first, last = (json.loads(e[5:]) for e in out.split(b"\n\n") if e)
+    assert first["token"]["text"] == "big" and last["generated_text"] == "Paris is big."
+
+
+def test_the_continuation_request_is_sent_the_text_without_its_trailing_space() -> None:
+    from gateway.dialects.openai import ChatDialect, CompletionDialect
+    from gateway.dialects.tgi import TgiDialect
+
+    seam = read_openai_seam(chunk("one") + chunk(" hundred: "))
+    chat = ChatDialect("/v1/chat/completions").continuation(
+        {"messages": [{"role": "user", "content": "q"}]}, seam, 9, "vllm"
+    )
+    assert chat is not None and chat["messages"][-1]["content"] == "one hundred:"
+    completion = CompletionDialect("/v1/completions").continuation(
+        {"prompt": "q "}, seam, 9, "vllm"
+    )
+    assert completion is not None and completion["prompt"] == "q one hundred:"
+    tgi = TgiDialect("/generate_stream", stream=True).continuation({"inputs": "q "}, seam, 9, "tgi")
+    assert tgi is not None and tgi["inputs"] == "q one hundred:"
