@@ -49,6 +49,8 @@ the gateway the lane each request took and `/debug/backends` after the run.
     python scripts/bench_peers.py                                # simulators, 120 s per run
     python scripts/bench_peers.py --duration 30 --targets direct,smg-priority,gateway
     python scripts/bench_peers.py --backend http://A:8000 --backend http://B:8000 --slots 64
+    python scripts/bench_peers.py --backend http://127.0.0.1:8101 --slots 8 --model gemma \
+        --mix config/mix-vllm.toml --capacity 1.42       # one real vLLM, bench_tail's mix
     python scripts/bench_peers.py --overhead                     # per-request cost, mock backend
 
 With `--backend` (real engines, twice or a comma list) the targets run one after

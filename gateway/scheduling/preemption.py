@@ -7,7 +7,7 @@ request whose first token has not come: that one is cancelled at the engine (its
 connection closed: vLLM, SGLang, TGI and llama.cpp abort on disconnect) and goes back to
 the head of its lane's line; its client sees a longer wait, then its whole answer, once.
 What it had prefilled is lost where the engine keeps nothing of a prefill cut short:
-vLLM 0.32 (measured, `scripts/vllm_abort_cache.py`) prefills the prompt sent again
+vLLM 0.32 (measured, `scripts/abort_cache.py`) prefills the prompt sent again
 whole, though it keeps a finished prefill in its prefix cache.
 
 Bounded so that it cannot starve what it preempts, nor spend engine time its lane has

@@ -276,7 +276,7 @@ async def test_a_long_prompt_preempted_in_prefill_is_answered_whole_and_the_same
     prompt's answer comes once and byte for byte vLLM's own (greedy), and the short
     request that preempted it does not wait for the rest of that prefill. (vLLM 0.32
     keeps nothing of a prefill cut short: the prompt sent again is prefilled whole,
-    `scripts/vllm_abort_cache.py`.)"""
+    `scripts/abort_cache.py`.)"""
     server = vllm["plain"]
 
     def preempting(settings: Settings) -> Settings:
