@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
+from gateway.scheduling import known_wait
 from gateway.scheduling.fairness import FairQueue, TokenCost
 from gateway.scheduling.headroom import WAIT_PROBABILITY, ArrivalRate, headroom_slots
 from gateway.scheduling.known_wait import MAX_AHEAD
@@ -211,6 +212,8 @@ class LaneState:
     #: Its waiting requests, in the order they are served (fair between tenants).
     queue: FairQueue[_Waiter] = field(default_factory=FairQueue)
     in_flight: int = 0
+    #: When each of its requests in flight got its slot (`in_flight` of them).
+    granted_at: list[float] = field(default_factory=list)
     #: Slots of the backends it may use (what its floor may keep is fewer than these).
     capacity: int = 0
     #: Moving average of how long a request of this lane holds its slot.
@@ -427,16 +430,44 @@ class Scheduler:
         """`predicted_wait_s` for a request that does not start at once."""
         place = self._place_in_line(lane, tenant, weight, cost)
         hold = lane.hold_ewma_s
+        own_ahead = place - 1 - sum(len(other.queue) for other in lane.higher)
+        own_turns = self._own_turns_wait_s(lane, own_ahead, self._now())
         if not lane.wait_per_place.learned:
-            return None if hold is None else place * hold / lane.slot_limit
+            if hold is None:
+                return None
+            return max(place * hold / lane.slot_limit, own_turns or 0.0)
         measured = place * lane.wait_per_place.value
         yielding = self._yielding_slots(lane)
-        if hold is None or yielding is None:
-            return measured
-        # A lane below is giving its slots back (it is shed, or over what this lane's
-        # headroom leaves it): the wait is the one this lane's requests alone make,
-        # on the slots it will have, not the line as the lower lane's slots make it now.
-        return min(measured, place * hold / yielding)
+        if hold is not None and yielding is not None:
+            # A lane below is giving its slots back (it is shed, or over what this lane's
+            # headroom leaves it): the wait is the one this lane's requests alone make,
+            # on the slots it will have, not the line as the lower lane's slots make it.
+            measured = min(measured, place * hold / yielding)
+        return max(measured, own_turns or 0.0)
+
+    def _own_turns_wait_s(self, lane: LaneState, own_ahead: int, now: float) -> float | None:
+        """For a lower lane held below its slot limit by the headroom of the lanes above:
+        it gets a slot only as its own requests end (a slot another lane frees goes to
+        that lane's line first), so a request arriving now waits for its turn among
+        them. Each request running ends its lane's average hold after it began; the
+        first `in_flight - limit` of those ends give nothing (the lane is over its limit
+        until then); each request ahead in its line then holds the slot it gets as
+        long (`known_wait.known_wait_s`). None where the lane is not held below its slot
+        limit, or nothing of it runs.
+
+        The measured wait per place is a median over moments when the lane had slots
+        to spare and moments when it had none: under a higher lane's pressure it ran at
+        half the wait measured on the real llama.cpp, and the requests admitted on it
+        timed out in the queue (#51)."""
+        hold = lane.hold_ewma_s
+        if hold is None or not lane.higher or not lane.granted_at:
+            return None
+        limit = self._limit(lane, now)
+        if limit < 1 or limit >= lane.slot_limit or lane.in_flight < limit:
+            return None
+        ends = sorted(max(0.0, start + hold - now) for start in lane.granted_at)
+        opens = ends[lane.in_flight - limit :]
+        return known_wait.known_wait_s(0, opens, [hold] * min(max(0, own_ahead), MAX_AHEAD))
 
     def known_wait_s(
         self, name: str, tenant: str | None = None, weight: float = 1.0, cost: float = 0.0
@@ -659,6 +690,7 @@ class Scheduler:
             if slot is not None and not isinstance(slot, Deferred):
                 charged = lane.queue.started(tenant, prompt_tokens, weight)
                 lane.in_flight += 1
+                lane.granted_at.append(now)
                 lane.recent_waits.append(0.0)
                 lane.last_wait_at = now
                 lane.dispatched_at.append(now)
@@ -729,6 +761,7 @@ class Scheduler:
         self._forget_prefill(grant)
         grant.released = True
         lane.in_flight -= 1
+        lane.granted_at.remove(grant.granted_at)
         lane.queue.refund(grant.tenant, grant.charged)
         self._source.give_back(grant.slot)
         enqueued_at = grant.granted_at - grant.queued_s
@@ -813,6 +846,7 @@ class Scheduler:
         if lane.in_flight >= lane.settings.promoted_slots:
             lane.progressed_at = now
         lane.in_flight -= 1
+        lane.granted_at.remove(grant.granted_at)
         prompt = grant.charged if served_prompt_tokens is None else served_prompt_tokens
         grant.cost = self.cost.of(int(prompt), output_tokens)
         lane.queue.settle(grant.tenant, grant.charged, grant.cost)
@@ -985,6 +1019,7 @@ class Scheduler:
             charged = lane.queue.dispatched(waiter)
             self._note_queue(lane)
             lane.in_flight += 1
+            lane.granted_at.append(now)
             waited = now - waiter.enqueued_at
             if not waiter.again:  # (a request back in line: its wait is no queue's sample)
                 lane.wait_per_place.add(waited / waiter.position)
