@@ -446,28 +446,58 @@ class Scheduler:
         return max(measured, own_turns or 0.0)
 
     def _own_turns_wait_s(self, lane: LaneState, own_ahead: int, now: float) -> float | None:
-        """For a lower lane held below its slot limit by the headroom of the lanes above:
-        it gets a slot only as its own requests end (a slot another lane frees goes to
-        that lane's line first), so a request arriving now waits for its turn among
-        them. Each request running ends its lane's average hold after it began; the
-        first `in_flight - limit` of those ends give nothing (the lane is over its limit
-        until then); each request ahead in its line then holds the slot it gets as
-        long (`known_wait.known_wait_s`). None where the lane is not held below its slot
-        limit, or nothing of it runs.
+        """For a lower lane that gets slots only as its own requests end, the wait of a
+        request arriving now for its turn among them (`known_wait.known_wait_s`); None
+        where the lane is not so held, or its hold is not measured yet.
 
-        The measured wait per place is a median over moments when the lane had slots
-        to spare and moments when it had none: under a higher lane's pressure it ran at
-        half the wait measured on the real llama.cpp, and the requests admitted on it
-        timed out in the queue (#51)."""
+        - Held below its slot limit by the headroom of the lanes above, with its limit
+          taken: each request running ends its lane's average hold after it began (the
+          first `in_flight - limit` of those ends give nothing), and each request ahead
+          in its line then holds the slot it gets as long.
+        - Paced by promotion: while a higher lane has requests waiting, every slot that
+          frees goes to them, and the lane gets one only when promoted, `promote_after_s`
+          after its `promoted_slots` requests ended (or after its oldest request came,
+          with none running). Taken only where its own recent waits say so (their
+          median at least the promotion age): a burst of the higher lane that clears
+          in a second holds it back for nothing like that.
+
+        The measured wait per place is a median over moments when the lane had slots to
+        spare and moments when it had none: on the real llama.cpp at 115% the bulk lane
+        waited twice what it said, and requests admitted on it timed out in the queue
+        (#51)."""
         hold = lane.hold_ewma_s
-        if hold is None or not lane.higher or not lane.granted_at:
+        if hold is None or not lane.higher:
             return None
-        limit = self._limit(lane, now)
-        if limit < 1 or limit >= lane.slot_limit or lane.in_flight < limit:
-            return None
+        ahead = min(max(0, own_ahead), MAX_AHEAD)
         ends = sorted(max(0.0, start + hold - now) for start in lane.granted_at)
-        opens = ends[lane.in_flight - limit :]
-        return known_wait.known_wait_s(0, opens, [hold] * min(max(0, own_ahead), MAX_AHEAD))
+        limit = self._limit(lane, now)
+        if self._paced_by_promotion(lane):
+            after = lane.settings.promote_after_s
+            assert after is not None  # (paced only with promotion on)
+            channels = lane.settings.promoted_slots
+            running = ends[max(0, lane.in_flight - channels) :]
+            oldest = lane.queue.oldest_enqueued_at()
+            last = now if oldest is None else oldest
+            if lane.progressed_at is not None:
+                last = max(last, lane.progressed_at)
+            starved = max(0.0, last + after - now)
+            opens = [end + after for end in running]
+            opens += [starved] * (channels - len(running))
+            return known_wait.known_wait_s(0, opens, [hold + after] * ahead)
+        if not ends or limit < 1 or limit >= lane.slot_limit or lane.in_flight < limit:
+            return None
+        return known_wait.known_wait_s(0, ends[lane.in_flight - limit :], [hold] * ahead)
+
+    def _paced_by_promotion(self, lane: LaneState) -> bool:
+        """`lane` gets slots only by promotion now (see `_own_turns_wait_s`)."""
+        waits = lane.recent_waits
+        after = lane.settings.promote_after_s
+        return (
+            after is not None
+            and any(other.queue for other in lane.higher)
+            and len(waits) >= 3
+            and statistics.median(waits) >= after
+        )
 
     def known_wait_s(
         self, name: str, tenant: str | None = None, weight: float = 1.0, cost: float = 0.0

@@ -291,3 +291,33 @@ async def test_a_lower_lane_held_to_its_floor_waits_for_its_own_turns_and_is_tol
     # With room (the higher lane quiet) the lane is not held to its own turns.
     clock.advance(QUIET_S + 1)
     assert scheduler.predicted_wait_s("bulk") == 0.0
+
+
+async def test_a_lower_lane_paced_by_promotion_waits_a_hold_and_a_promotion_per_place() -> None:
+    """While the higher lane has requests waiting, every slot that frees is theirs and the
+    lower lane gets one only by promotion (`promote_after_s` after its last one ended).
+    Where its own recent waits say it is so paced, a request two places back is told
+    the promotion, the hold and the promotion again, and refused past its deadline."""
+    clock = Clock()
+    bulk_settings = {"queue_timeout_s": 30, "promote_after_s": 10.0}
+    scheduler, _ = make(4, bulk=bulk_settings, clock=clock)
+    held = [await scheduler.acquire("interactive") for _ in range(4)]
+    short = asyncio.create_task(scheduler.acquire("interactive"))  # the higher lane waits
+    first = asyncio.create_task(scheduler.acquire("bulk"))
+    await settle()
+    bulk = scheduler.lane("bulk")
+    bulk.hold_ewma_s = 30.0
+    clock.advance(4.0)
+    # Not known to be paced: three places at a hold over four slots each.
+    assert scheduler.predicted_wait_s("bulk") == pytest.approx(3 * 30.0 / 4)
+    bulk.recent_waits.extend([12.0, 15.0, 11.0])  # it has been waiting for promotions
+    # The one in line is promoted 6 s from now and holds 30 s; 10 s later, the next.
+    assert scheduler.predicted_wait_s("bulk") == pytest.approx(6.0 + 30.0 + 10.0)
+    with pytest.raises(WaitTooLong):
+        await scheduler.acquire("bulk")
+    assert not first.done()
+    short.cancel()
+    first.cancel()
+    await asyncio.gather(short, first, return_exceptions=True)
+    for grant in held:
+        scheduler.release(grant)
