@@ -57,7 +57,6 @@ from typing import Any, Protocol
 
 from gateway.config import LaneSettings
 from gateway.outcomes import QueueFull, QueueTimeout, Refusal, WaitTooLong
-from gateway.scheduling import known_wait
 from gateway.scheduling.fairness import FairQueue, TokenCost
 from gateway.scheduling.headroom import WAIT_PROBABILITY, ArrivalRate, headroom_slots
 from gateway.scheduling.known_wait import MAX_AHEAD
@@ -212,8 +211,6 @@ class LaneState:
     #: Its waiting requests, in the order they are served (fair between tenants).
     queue: FairQueue[_Waiter] = field(default_factory=FairQueue)
     in_flight: int = 0
-    #: When each of its requests in flight got its slot (`in_flight` of them).
-    granted_at: list[float] = field(default_factory=list)
     #: Slots of the backends it may use (what its floor may keep is fewer than these).
     capacity: int = 0
     #: Moving average of how long a request of this lane holds its slot.
@@ -430,74 +427,16 @@ class Scheduler:
         """`predicted_wait_s` for a request that does not start at once."""
         place = self._place_in_line(lane, tenant, weight, cost)
         hold = lane.hold_ewma_s
-        own_ahead = place - 1 - sum(len(other.queue) for other in lane.higher)
-        own_turns = self._own_turns_wait_s(lane, own_ahead, self._now())
         if not lane.wait_per_place.learned:
-            if hold is None:
-                return None
-            return max(place * hold / lane.slot_limit, own_turns or 0.0)
+            return None if hold is None else place * hold / lane.slot_limit
         measured = place * lane.wait_per_place.value
         yielding = self._yielding_slots(lane)
-        if hold is not None and yielding is not None:
-            # A lane below is giving its slots back (it is shed, or over what this lane's
-            # headroom leaves it): the wait is the one this lane's requests alone make,
-            # on the slots it will have, not the line as the lower lane's slots make it.
-            measured = min(measured, place * hold / yielding)
-        return max(measured, own_turns or 0.0)
-
-    def _own_turns_wait_s(self, lane: LaneState, own_ahead: int, now: float) -> float | None:
-        """For a lower lane that gets slots only as its own requests end, the wait of a
-        request arriving now for its turn among them (`known_wait.known_wait_s`); None
-        where the lane is not so held, or its hold is not measured yet.
-
-        - Held below its slot limit by the headroom of the lanes above, with its limit
-          taken: each request running ends its lane's average hold after it began (the
-          first `in_flight - limit` of those ends give nothing), and each request ahead
-          in its line then holds the slot it gets as long.
-        - Paced by promotion: while a higher lane has requests waiting, every slot that
-          frees goes to them, and the lane gets one only when promoted, `promote_after_s`
-          after its `promoted_slots` requests ended (or after its oldest request came,
-          with none running). Taken only where its own recent waits say so (their
-          median at least the promotion age): a burst of the higher lane that clears
-          in a second holds it back for nothing like that.
-
-        The measured wait per place is a median over moments when the lane had slots to
-        spare and moments when it had none: on the real llama.cpp at 115% the bulk lane
-        waited twice what it said, and requests admitted on it timed out in the queue
-        (#51)."""
-        hold = lane.hold_ewma_s
-        if hold is None or not lane.higher:
-            return None
-        ahead = min(max(0, own_ahead), MAX_AHEAD)
-        ends = sorted(max(0.0, start + hold - now) for start in lane.granted_at)
-        limit = self._limit(lane, now)
-        if self._paced_by_promotion(lane):
-            after = lane.settings.promote_after_s
-            assert after is not None  # (paced only with promotion on)
-            channels = lane.settings.promoted_slots
-            running = ends[max(0, lane.in_flight - channels) :]
-            oldest = lane.queue.oldest_enqueued_at()
-            last = now if oldest is None else oldest
-            if lane.progressed_at is not None:
-                last = max(last, lane.progressed_at)
-            starved = max(0.0, last + after - now)
-            opens = [end + after for end in running]
-            opens += [starved] * (channels - len(running))
-            return known_wait.known_wait_s(0, opens, [hold + after] * ahead)
-        if not ends or limit < 1 or limit >= lane.slot_limit or lane.in_flight < limit:
-            return None
-        return known_wait.known_wait_s(0, ends[lane.in_flight - limit :], [hold] * ahead)
-
-    def _paced_by_promotion(self, lane: LaneState) -> bool:
-        """`lane` gets slots only by promotion now (see `_own_turns_wait_s`)."""
-        waits = lane.recent_waits
-        after = lane.settings.promote_after_s
-        return (
-            after is not None
-            and any(other.queue for other in lane.higher)
-            and len(waits) >= 3
-            and statistics.median(waits) >= after
-        )
+        if hold is None or yielding is None:
+            return measured
+        # A lane below is giving its slots back (it is shed, or over what this lane's
+        # headroom leaves it): the wait is the one this lane's requests alone make,
+        # on the slots it will have, not the line as the lower lane's slots make it now.
+        return min(measured, place * hold / yielding)
 
     def known_wait_s(
         self, name: str, tenant: str | None = None, weight: float = 1.0, cost: float = 0.0
@@ -720,7 +659,6 @@ class Scheduler:
             if slot is not None and not isinstance(slot, Deferred):
                 charged = lane.queue.started(tenant, prompt_tokens, weight)
                 lane.in_flight += 1
-                lane.granted_at.append(now)
                 lane.recent_waits.append(0.0)
                 lane.last_wait_at = now
                 lane.dispatched_at.append(now)
@@ -791,7 +729,6 @@ class Scheduler:
         self._forget_prefill(grant)
         grant.released = True
         lane.in_flight -= 1
-        lane.granted_at.remove(grant.granted_at)
         lane.queue.refund(grant.tenant, grant.charged)
         self._source.give_back(grant.slot)
         enqueued_at = grant.granted_at - grant.queued_s
@@ -876,7 +813,6 @@ class Scheduler:
         if lane.in_flight >= lane.settings.promoted_slots:
             lane.progressed_at = now
         lane.in_flight -= 1
-        lane.granted_at.remove(grant.granted_at)
         prompt = grant.charged if served_prompt_tokens is None else served_prompt_tokens
         grant.cost = self.cost.of(int(prompt), output_tokens)
         lane.queue.settle(grant.tenant, grant.charged, grant.cost)
@@ -1049,7 +985,6 @@ class Scheduler:
             charged = lane.queue.dispatched(waiter)
             self._note_queue(lane)
             lane.in_flight += 1
-            lane.granted_at.append(now)
             waited = now - waiter.enqueued_at
             if not waiter.again:  # (a request back in line: its wait is no queue's sample)
                 lane.wait_per_place.add(waited / waiter.position)

@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from gateway.outcomes import WaitTooLong
 from gateway.scheduling.headroom import (
     LOAD_STEP,
     QUIET_S,
@@ -260,64 +259,4 @@ async def test_while_the_lower_lane_yields_a_short_is_predicted_on_the_slots_it_
     # Nothing is yielding any more: the measured figure applies again.
     assert scheduler.predicted_wait_s("interactive") == pytest.approx(3.0)
     for grant in [longs[0], held, *(task.result() for task in queued)]:
-        scheduler.release(grant)
-
-
-async def test_a_lower_lane_held_to_its_floor_waits_for_its_own_turns_and_is_told_so() -> None:
-    """Admitted means served (#51). Held to its floor by the higher lane's headroom, the
-    lower lane gets a slot only as its own requests end: a request arriving 25 s into a
-    40 s hold waits ~15 s (admitted), the next one behind it ~55 s (refused at arrival,
-    past its 30 s), whatever the lane's median wait per place says (it was measured
-    while the lane had room: on the real llama.cpp it ran at half the waits)."""
-    clock = Clock()
-    scheduler, _ = make(4, bulk={"queue_timeout_s": 30, "min_slots": 1}, clock=clock)
-    await arrive(scheduler, clock, "interactive", 20, every_s=0.3, hold_s=1.0)
-    bulk = scheduler.lane("bulk")
-    running = await scheduler.acquire("bulk")  # its floor
-    bulk.hold_ewma_s = 40.0
-    for _ in range(5):
-        bulk.wait_per_place.add(5.0)  # what it measured with room to spare
-    await arrive(scheduler, clock, "interactive", 50, every_s=0.5, hold_s=1.0)  # 25 s on
-    assert scheduler.reserved_slots("bulk") == 4 and bulk.in_flight == 1
-    assert scheduler.predicted_wait_s("bulk") == pytest.approx(15.0, abs=0.5)
-    first = asyncio.create_task(scheduler.acquire("bulk"))
-    await settle()
-    assert not first.done()  # admitted, waiting for the running one to end
-    assert scheduler.predicted_wait_s("bulk") == pytest.approx(55.0, abs=0.5)
-    with pytest.raises(WaitTooLong):
-        await scheduler.acquire("bulk")
-    scheduler.release(running)
-    scheduler.release(await asyncio.wait_for(first, 1))
-    # With room (the higher lane quiet) the lane is not held to its own turns.
-    clock.advance(QUIET_S + 1)
-    assert scheduler.predicted_wait_s("bulk") == 0.0
-
-
-async def test_a_lower_lane_paced_by_promotion_waits_a_hold_and_a_promotion_per_place() -> None:
-    """While the higher lane has requests waiting, every slot that frees is theirs and the
-    lower lane gets one only by promotion (`promote_after_s` after its last one ended).
-    Where its own recent waits say it is so paced, a request two places back is told
-    the promotion, the hold and the promotion again, and refused past its deadline."""
-    clock = Clock()
-    bulk_settings = {"queue_timeout_s": 30, "promote_after_s": 10.0}
-    scheduler, _ = make(4, bulk=bulk_settings, clock=clock)
-    held = [await scheduler.acquire("interactive") for _ in range(4)]
-    short = asyncio.create_task(scheduler.acquire("interactive"))  # the higher lane waits
-    first = asyncio.create_task(scheduler.acquire("bulk"))
-    await settle()
-    bulk = scheduler.lane("bulk")
-    bulk.hold_ewma_s = 30.0
-    clock.advance(4.0)
-    # Not known to be paced: three places at a hold over four slots each.
-    assert scheduler.predicted_wait_s("bulk") == pytest.approx(3 * 30.0 / 4)
-    bulk.recent_waits.extend([12.0, 15.0, 11.0])  # it has been waiting for promotions
-    # The one in line is promoted 6 s from now and holds 30 s; 10 s later, the next.
-    assert scheduler.predicted_wait_s("bulk") == pytest.approx(6.0 + 30.0 + 10.0)
-    with pytest.raises(WaitTooLong):
-        await scheduler.acquire("bulk")
-    assert not first.done()
-    short.cancel()
-    first.cancel()
-    await asyncio.gather(short, first, return_exceptions=True)
-    for grant in held:
         scheduler.release(grant)
