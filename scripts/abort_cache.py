@@ -28,6 +28,14 @@ from typing import Any
 import aiohttp
 
 VLLM_HITS = "vllm:prefix_cache_hits_total"
+#: llama.cpp's answer timings that say what a request's prompt cost.
+TIMING_KEYS = ("cache_n", "prompt_n", "prompt_ms")
+
+
+def prompt_timings(answer: dict[str, Any]) -> str:
+    """llama.cpp's `timings` of an answer: what its prompt reused and prefilled."""
+    timings = answer.get("timings") or {}
+    return f"timings {json.dumps({k: timings.get(k) for k in TIMING_KEYS})}"
 
 
 async def counter(session: aiohttp.ClientSession, url: str, name: str) -> float:
@@ -86,17 +94,12 @@ async def trial(args: argparse.Namespace, after_s: float) -> None:
             await asyncio.sleep(0.5)
             reused = f"prefix cache hits {await counter(session, url, VLLM_HITS) - hits:.0f}"
         else:
-            timings = answer.get("timings") or {}
-            reused = f"timings {json.dumps({k: timings.get(k) for k in TIMING_KEYS})}"
+            reused = prompt_timings(answer)
     print(
         f"dropped after {after_s:g} s: a short turn's first token {short_s:.2f} s later; "
         f"the long prompt sent again took {again_s:.2f} s; {reused}",
         flush=True,
     )
-
-
-#: llama.cpp's answer timings that say what a request's prompt cost.
-TIMING_KEYS = ("cache_n", "prompt_n", "prompt_ms")
 
 
 async def alone(args: argparse.Namespace) -> None:
@@ -107,8 +110,7 @@ async def alone(args: argparse.Namespace) -> None:
         async with session.post(args.url + "/v1/chat/completions", json=body) as resp:
             answer = await resp.json()
         took = time.monotonic() - start
-    timings = answer.get("timings") or {}
-    extra = f"; timings {json.dumps({k: timings.get(k) for k in TIMING_KEYS})}" if timings else ""
+    extra = f"; {prompt_timings(answer)}" if answer.get("timings") else ""
     print(f"the long prompt alone: {took:.2f} s{extra}", flush=True)
 
 

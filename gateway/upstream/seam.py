@@ -332,12 +332,10 @@ class OpenAIContinuation(Continuation):
             self._echo = None
         if isinstance(text, str) and text:
             text = holder[key] = self.heal(text)
-            if not text:  # whitespace the client had: no token of the answer
-                return other or finish
-        if isinstance(text, str) and text:
-            self.tokens += 1
-            self.first_token_seen = True
-            return True
+            if text:  # (whitespace the client had is no token of the answer)
+                self.tokens += 1
+                self.first_token_seen = True
+                return True
         return other or finish
 
     def _carry_usage(self, usage: dict[str, Any]) -> None:
