@@ -569,6 +569,7 @@ async def queue(flight: Flight) -> None:
         )
     finally:
         record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
+        record.deadline_grace_s = note.grace_s
 
 
 async def lease(flight: Flight) -> None:

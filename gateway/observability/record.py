@@ -95,6 +95,9 @@ class RequestRecord:
     #: The queue wait predicted at arrival, and the queue deadline in force (seconds).
     predicted_wait_s: float | None = None
     deadline_s: float | None = None
+    #: Of that deadline, the grace a lower lane's next request in line got past its
+    #: lane's fitted deadline (`Scheduler._grace_s`; None: none).
+    deadline_grace_s: float | None = None
     #: The Retry-After a refusal carried (seconds, before rounding up).
     retry_after_s: float | None = None
     #: Prompt tokens routing expected the backend to have cached, and what the backend
@@ -204,6 +207,7 @@ class RequestRecord:
             "preempted_ms": _seconds_as_ms(self.preempted_s) if self.preempted else None,
             "predicted_wait_ms": _seconds_as_ms(self.predicted_wait_s),
             "deadline_ms": _seconds_as_ms(self.deadline_s),
+            "deadline_grace_ms": _seconds_as_ms(self.deadline_grace_s),
             "retry_after_s": self.retry_after_s,
             "cached_tokens_expected": self.cached_tokens_expected,
             "cached_tokens": self.cached_tokens,

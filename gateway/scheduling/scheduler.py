@@ -179,8 +179,11 @@ class WaitNote:
     #: The wait predicted at arrival: the measured one, or the wait the work in sight
     #: makes at least (`known_wait.py`), whichever is longer (None: never queued).
     predicted_wait_s: float | None = None
-    #: The queue deadline in force: the lane's, or the client's when shorter.
+    #: The queue deadline in force: the lane's, or the client's when shorter; with
+    #: `grace_s` in it when the request waited past it at the head of its line.
     deadline_s: float | None = None
+    #: Seconds added to a lower lane's fitted deadline (`Scheduler._grace_s`; None: none).
+    grace_s: float | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -202,6 +205,11 @@ class _Waiter:
     #: Back in line after it had a slot (`requeue`): its next grant is not a new
     #: dispatch, and its wait (counted from its arrival) no sample of the queue's.
     again: bool = False
+    #: The client's own queue deadline (None: none): no grace goes past it.
+    client_deadline_s: float | None = None
+    #: Its log line's note, told of a grace; whether it had its one grace.
+    note: WaitNote | None = None
+    graced: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -216,8 +224,11 @@ class LaneState:
     #: Moving average of how long a request of this lane holds its slot.
     hold_ewma_s: float | None = None
     #: The queue deadline in force for this lane (queue_timeout_s, or raised to fit a
-    #: slow engine by the app).
+    #: slow engine by the app), and whether it is the gateway's (fitted, the operator
+    #: left it unset or opted in) rather than written: only then may a request wait
+    #: past it (`Scheduler._grace_s`).
     deadline_s: float = 0.0
+    deadline_adapted: bool = False
     #: Measured seconds of waiting per place in line (median of recent requests).
     wait_per_place: WindowedMedian = field(
         default_factory=lambda: WindowedMedian(0.0, min_samples=WAIT_SAMPLES_NEEDED)
@@ -382,9 +393,11 @@ class Scheduler:
             if self.on_waiting is not None:
                 self.on_waiting(lane.name, waiting)
 
-    def set_deadline(self, name: str, deadline_s: float) -> None:
-        """The lane's queue deadline in force from now on (new arrivals)."""
-        self._by_name[name].deadline_s = deadline_s
+    def set_deadline(self, name: str, deadline_s: float, *, adapted: bool = False) -> None:
+        """The lane's queue deadline in force from now on (new arrivals); `adapted`: the
+        gateway's own (fitted to the engine), not the operator's written one."""
+        lane = self._by_name[name]
+        lane.deadline_s, lane.deadline_adapted = deadline_s, adapted
 
     # -- prediction ------------------------------------------------------------------
 
@@ -672,6 +685,8 @@ class Scheduler:
             tenant,
             position=self._place_in_line(lane, tenant, weight, cost),
             hint=hint,
+            client_deadline_s=client_deadline_s,
+            note=note,
         )
         lane.queue.push(waiter, weight)
         self._note_queue(lane)
@@ -743,6 +758,8 @@ class Scheduler:
             preemptions=grant.preemptions + preempted,
             first_sent_at=grant.first_sent_at,
             again=True,
+            # (its deadline was granted already, grace or not: it gets no more)
+            graced=True,
         )
         lane.queue.push_front(waiter)
         self._note_queue(lane)
@@ -771,6 +788,15 @@ class Scheduler:
     def _expire(self, lane: LaneState, waiter: _Waiter, deadline: float) -> None:
         if waiter.future.done():
             return
+        grace = self._grace_s(lane, waiter, deadline)
+        if grace > 0:
+            waiter.graced = True
+            if waiter.note is not None:
+                waiter.note.deadline_s, waiter.note.grace_s = deadline + grace, grace
+            waiter.timer = asyncio.get_running_loop().call_later(
+                grace, self._expire, lane, waiter, deadline + grace
+            )
+            return
         self._remove(lane, waiter)
         # It would have waited at least this long: a (low) sample all the same.
         lane.wait_per_place.add(deadline / waiter.position)
@@ -783,6 +809,29 @@ class Scheduler:
                 retry_after_s=self._retry_after(lane),
             )
         )
+
+    def _grace_s(self, lane: LaneState, waiter: _Waiter, deadline: float) -> float:
+        """Seconds more for `waiter`, whose deadline came (0: none): once, for the next
+        request in line of a lower lane whose deadline is the gateway's (fitted; never a
+        written one, never past the client's own), a promotion age and one of its lane's
+        slot holds (its deadline before one was measured).
+
+        Under the higher lanes' pressure a lower lane is served one promotion at a time:
+        its running request ends, then `promote_after_s` passes. On a CPU engine that
+        pace (25-50 s on a 4-slot llama.cpp) is known only once it has been seen, and a
+        long request admitted at the head of an empty line timed out after waiting the
+        whole fitted deadline, 7-40 s before the promotion it was next for, in a stream
+        whose 200 keep-alive comments had begun. Timing it out then wastes the wait and
+        breaks the stream; the request behind it gets no slot sooner for it."""
+        after = lane.settings.promote_after_s
+        if waiter.graced or not lane.deadline_adapted or not lane.higher or after is None:
+            return 0.0
+        if next(iter(lane.queue.order(1)), None) is not waiter:
+            return 0.0
+        grace = after + (deadline if lane.hold_ewma_s is None else lane.hold_ewma_s)
+        if waiter.client_deadline_s is not None:
+            grace = min(grace, waiter.client_deadline_s - deadline)
+        return max(0.0, grace)
 
     def _abandon(self, lane: LaneState, waiter: _Waiter) -> None:
         """The waiting client went away: leave the queue, or give back a slot just granted."""

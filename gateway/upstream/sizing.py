@@ -419,7 +419,7 @@ class BackendSizer:
             self.floors[lane.name] = floor
             self.scheduler.set_wait_allowance(lane.name, WAIT_ALLOWANCE_OVER_FLOOR * floor)
             deadline, why = self.deadline_in_force(lane, floor)
-            self.scheduler.set_deadline(lane.name, deadline)
+            self.scheduler.set_deadline(lane.name, deadline, adapted=why != CONFIGURED)
             if quiet:
                 continue
             self._say_in_force(lane, deadline, why, floor)

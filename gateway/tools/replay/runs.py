@@ -269,6 +269,7 @@ async def _gateway(arrivals: Sequence[Arrival], classes: Sequence[str], settings
                 )
             finally:
                 record.predicted_wait_s, record.deadline_s = note.predicted_wait_s, note.deadline_s
+                record.deadline_grace_s = note.grace_s
             blocks = None
             while True:
                 record.dispatched = loop.time()
