@@ -874,6 +874,30 @@ async def test_the_graced_head_is_served_when_its_promotion_comes() -> None:
     scheduler.release(await asyncio.wait_for(head, 1))
 
 
+async def test_no_grace_while_the_lower_lane_is_shed() -> None:
+    """While the higher lane's requests wait over half their deadline the lower lane is
+    shed: a request kept then takes a promotion no other would have taken."""
+    clock = Clock()
+    scheduler, _ = make(
+        1,
+        interactive={"queue_timeout_s": 10},
+        bulk={"queue_timeout_s": 0.1, "promote_after_s": 0.05},
+        clock=clock,
+    )
+    scheduler.set_deadline("bulk", 0.1, adapted=True)
+    held = await scheduler.acquire("interactive")
+    note = WaitNote()
+    head = asyncio.create_task(scheduler.acquire("bulk", note=note))
+    await settle()
+    interactive = scheduler.lane("interactive")
+    interactive.recent_waits.extend([6.0] * PRESSURE_SAMPLES)  # over half of its 10 s
+    interactive.last_wait_at = clock.now
+    with pytest.raises(Refusal) as timed_out:
+        await asyncio.wait_for(head, 1)
+    assert timed_out.value.code == "queue_timeout" and note.grace_s is None
+    scheduler.release(held)
+
+
 @pytest.mark.parametrize(
     ("adapted", "lane", "client_deadline_s", "timed_out_at"),
     [
