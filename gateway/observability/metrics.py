@@ -221,6 +221,14 @@ class GatewayMetrics:
             ["lane"],
             registry=r,
         )
+        self.deadline_graces = Counter(
+            "gateway_deadline_graces",
+            "Requests that waited past their lane's fitted queue deadline at the head of a "
+            "lower lane's line (the grace: a promotion and a slot hold more; never past a "
+            "written deadline), by lane and how they ended (ok: served).",
+            ["lane", "outcome"],
+            registry=r,
+        )
         # Label children looked up once per label set, not on every request.
         self._request_counters: dict[tuple[str, str, int | None], Any] = {}
         self._routing_counters: dict[tuple[str, str], Any] = {}
@@ -247,6 +255,8 @@ class GatewayMetrics:
             self.resumes_failed.labels(record.resume_failed).inc()
         if record.preempted:
             self.preemptions.labels(lane or "none").inc(record.preempted)
+        if record.deadline_grace_s:
+            self.deadline_graces.labels(lane or "none", key[1]).inc()
         if lane is None:
             return
         series = self._lane_series.get(lane)

@@ -105,6 +105,19 @@ def test_a_queue_timeout_records_its_wait_but_no_backend_timings() -> None:
     assert not value(metrics, "gateway_prompt_tokens_total", lane="bulk")
 
 
+def test_a_graced_request_is_counted_by_lane_and_how_it_ended() -> None:
+    metrics = GatewayMetrics()
+    metrics.observe(record(lane="bulk", deadline_grace_s=12.5))
+    metrics.observe(
+        record(lane="bulk", status=200, outcome="queue_timeout_in_stream", deadline_grace_s=12.5)
+    )
+    metrics.observe(record(lane="bulk"))  # served within its deadline: no grace
+    assert value(metrics, "gateway_deadline_graces_total", lane="bulk", outcome="ok") == 1
+    timed_out = {"lane": "bulk", "outcome": "queue_timeout_in_stream"}
+    assert value(metrics, "gateway_deadline_graces_total", **timed_out) == 1
+    assert value(metrics, "gateway_deadline_graces_total", lane="interactive", outcome="ok") is None
+
+
 def test_a_refusal_before_a_lane_counts_the_request_and_nothing_else() -> None:
     metrics = GatewayMetrics()
     refused = RequestRecord(request_id="r-2", route="/v1/chat/completions", arrival=1.0)
